@@ -1,0 +1,17 @@
+"""jupyter-gpusched: one GPU queue for a lab, living in Jupyter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_gpusched``: register the ``%gpu`` / ``%%gpu`` magics.
+
+    Imported lazily so that importing the server extension never imports IPython.
+    """
+    from .magics import load_ipython_extension as _load
+
+    _load(ipython)

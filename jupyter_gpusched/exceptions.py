@@ -1,0 +1,87 @@
+"""One exception root for the project; the server maps each subclass to one HTTP status."""
+
+from __future__ import annotations
+
+
+class GpuSchedError(Exception):
+    """Root of every error jupyter-gpusched raises on purpose.
+
+    ``message`` says what went wrong *and what to do about it*; clients show it as is.
+    """
+
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON error body the REST API answers with."""
+        return {"error": type(self).__name__, "message": self.message}
+
+
+class InvalidSpecError(GpuSchedError):
+    """A job spec, a query or a config value is malformed; names the field to fix."""
+
+    status = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+    def to_json(self) -> dict[str, object]:  # noqa: D102
+        return {**super().to_json(), "field": self.field}
+
+
+class BadRequestError(GpuSchedError):
+    """The request could not be read at all (not JSON, wrong content type)."""
+
+    status = 400
+
+
+class NotFoundError(GpuSchedError):
+    """A job, lease, node or definition with that id does not exist."""
+
+    status = 404
+
+
+class ForbiddenError(GpuSchedError):
+    """The user may not act on someone else's job."""
+
+    status = 403
+
+
+class ConflictError(GpuSchedError):
+    """The request is valid but the object's current state forbids it."""
+
+    status = 409
+
+
+class IllegalTransitionError(ConflictError):
+    """A job state change the state machine does not allow."""
+
+    def __init__(self, job_id: int | None, from_state: str, to_state: str) -> None:
+        who = f"job {job_id}" if job_id is not None else "job"
+        super().__init__(
+            f"{who} cannot go from {from_state!r} to {to_state!r}; "
+            "only queued or running jobs can change state"
+        )
+        self.job_id = job_id
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class InfeasibleError(GpuSchedError):
+    """The request can never fit this cluster; the message says what would."""
+
+    status = 422
+
+
+class BackendError(GpuSchedError):
+    """A node could not be reached or a remote command failed."""
+
+    status = 502
+
+
+class HostKeyError(BackendError):
+    """A node's SSH host key is unknown or does not match known_hosts."""
