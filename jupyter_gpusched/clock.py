@@ -89,3 +89,19 @@ def _has_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+class OffsetClock(SystemClock):
+    """Real-time clock that reads as if it had started at ``start``.
+
+    The demo uses it to run in a fixed policy window (a weekday morning) whatever the hour.
+    """
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("OffsetClock needs a timezone-aware start time")
+        self._start = start.astimezone(timezone.utc)
+        self._mono0 = time.monotonic()
+
+    def now(self) -> datetime:  # noqa: D102
+        return self._start + timedelta(seconds=time.monotonic() - self._mono0)

@@ -1,0 +1,712 @@
+"""The scheduler loop: reads the queue, asks policy and packer, acts through a backend.
+
+Each :meth:`Scheduler.tick` is one pass: refresh inventory (when due), poll running jobs,
+enforce runtime and idle limits, then place queued jobs in policy order. The store is the
+truth — every decision is written there before or right after acting, so a restart finds
+everything again (:meth:`Scheduler.start` reattaches running jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import packer, policy
+from .clock import Clock
+from .cluster import Backend, JobStatus, NodeInventory
+from .exceptions import ConflictError, ForbiddenError, GpuSchedError, InfeasibleError
+from .models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    Placement,
+    PriorityClass,
+)
+from .store import Store
+from .views import ClusterSnapshot, cluster_view, job_view
+
+log = logging.getLogger(__name__)
+
+#: How a job of each kind turns into the argv the backend launches; kinds register here.
+CommandBuilder = Callable[[Job], Sequence[str]]
+
+
+def script_command(job: Job) -> Sequence[str]:
+    """A script job runs its own argv."""
+    assert job.spec.command is not None
+    return job.spec.command
+
+
+class Scheduler:
+    """One cluster queue. All public methods are safe to call from request handlers."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        backend: Backend,
+        policy: policy.PolicyConfig,
+        clock: Clock,
+        packer_policy: str = "fragmentation",
+        tick_interval_s: float = 1.0,
+        poll_interval_s: float = 2.0,
+        inventory_interval_s: float = 30.0,
+        cancel_grace_s: float = 10.0,
+        admins: frozenset[str] = frozenset(),
+        commands: dict[JobKind, CommandBuilder] | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.policy = policy
+        self.clock = clock
+        self.packer_policy = packer_policy
+        self.tick_interval_s = tick_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.inventory_interval_s = inventory_interval_s
+        self.cancel_grace_s = cancel_grace_s
+        self.admins = admins
+        self.commands: dict[JobKind, CommandBuilder] = {JobKind.SCRIPT: script_command}
+        self.commands.update(commands or {})
+        self._inventory: list[NodeInventory] = []
+        self._inventory_at: float | None = None
+        self._polled_at: float | None = None
+        self._base: packer.ClusterState | None = None
+        self._base_key: tuple[Any, ...] = ()
+        self._positions: dict[int, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._version = 0
+        self._tick_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Migrate the store, connect, find running jobs again and start the loop."""
+        self.store.migrate()
+        await self.backend.start()
+        await self._refresh_inventory(force=True)
+        await self._poll_active(force=True)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpusched-loop")
+
+    async def stop(self) -> None:
+        """Stop the loop and close connections; jobs keep running on their nodes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.backend.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("gpusched: scheduler tick failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_interval_s)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Run the next tick now rather than at the next interval."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the pass
+    async def tick(self) -> None:
+        """One scheduling pass."""
+        async with self._tick_lock:
+            now = self.clock.now()
+            active = policy.resolve_window(self.policy, now)
+            await self._refresh_inventory()
+            await self._poll_active()
+            await self._reap_stale()
+            await self._enforce_limits(now, active)
+            await self._schedule(now, active)
+        await self._notify()
+
+    async def _refresh_inventory(self, *, force: bool = False) -> None:
+        mono = self.clock.monotonic()
+        due = self._inventory_at is None or mono - self._inventory_at >= self.inventory_interval_s
+        if not (force or due):
+            return
+        before = {n.name: n.up for n in self._inventory}
+        self._inventory = await self.backend.inventory(refresh=True)
+        self._inventory_at = mono
+        for node in self._inventory:
+            if before.get(node.name) is False and node.up:
+                await self._reconcile_node(node.name)
+            if before.get(node.name, True) != node.up:
+                self.store.add_event(
+                    "node", detail={"node": node.name, "up": node.up, "error": node.error}
+                )
+
+    async def refresh_inventory(self) -> list[NodeInventory]:
+        """Probe every node now (the API's on-demand refresh)."""
+        async with self._tick_lock:
+            await self._refresh_inventory(force=True)
+        await self._notify()
+        return self._inventory
+
+    # ------------------------------------------------------------------ watching jobs
+    async def _poll_active(self, *, force: bool = False) -> None:
+        mono = self.clock.monotonic()
+        if not force and self._polled_at is not None:
+            if mono - self._polled_at < self.poll_interval_s:
+                return
+        self._polled_at = mono
+        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        statuses = await asyncio.gather(*(self._safe_poll(j) for j in jobs))
+        for job, status in zip(jobs, statuses, strict=True):
+            # An API call (cancel) may have settled the job while we polled: theirs stands.
+            with contextlib.suppress(ConflictError):
+                self._apply_status(job, status)
+
+    async def _safe_poll(self, job: Job) -> JobStatus:
+        if not job.handle:
+            # Started in the store but the launch never returned (crash mid-launch): the
+            # backend cannot know it, so it counts as lost and follows its retry setting.
+            return JobStatus(running=False, lost=True, detail="launch did not complete")
+        try:
+            return await self.backend.poll(job)
+        except GpuSchedError as exc:
+            return JobStatus(running=False, lost=True, detail=exc.message)
+
+    def _apply_status(self, job: Job, status: JobStatus) -> None:
+        node = job.placement.node if job.placement else None
+        if status.lost:
+            if not job.handle or (node and self._node_down(node)):
+                self._lose(job, status.detail or f"node {node} is unreachable")
+            return
+        if status.running:
+            if job.state is JobState.STARTING:
+                self.store.transition(job.id, JobState.RUNNING, expect=JobState.STARTING)
+            return
+        self._finish(job, status)
+
+    def _finish(self, job: Job, status: JobStatus) -> None:
+        code = status.exit_code
+        ended = status.ended_at or self.clock.now()
+        stopping = job.handle.get("stopping")
+        if stopping == "preempt":
+            self.store.transition(
+                job.id, JobState.PREEMPTED, reason="preempted for interactive work",
+                finished_at=ended, exit_code=code,
+            )
+            self._requeue(job, "preempted: requeued")
+            return
+        if stopping in ("cancel", "idle"):
+            self.store.transition(
+                job.id, JobState.CANCELLED, finished_at=ended, exit_code=code,
+                reason=job.handle.get("stop_reason"),
+            )
+        elif code == 0:
+            self.store.transition(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
+        else:
+            reason = job.handle.get("stop_reason") or _exit_reason(code)
+            self.store.transition(
+                job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason
+            )
+
+    def _lose(self, job: Job, detail: str) -> None:
+        job = self.store.transition(job.id, JobState.LOST, reason=detail)
+        if job.attempt < job.spec.retries:
+            self._requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
+
+    def _requeue(self, job: Job, reason: str) -> None:
+        previous = [*job.handle.get("previous", []), {k: v for k, v in job.handle.items()
+                                                      if k != "previous"}]
+        self.store.transition(
+            job.id, JobState.QUEUED, reason=reason, attempt=job.attempt + 1,
+            placement=None, handle={"previous": previous}, started_at=None, exit_code=None,
+        )
+
+    async def _reconcile_node(self, name: str) -> None:
+        """A node came back: settle its lost jobs and stop stale copies of requeued ones."""
+        lost, _ = self.store.list_jobs(states=[JobState.LOST], node=name, limit=100_000)
+        for job in lost:
+            status = await self._safe_poll(job)
+            if status.lost:
+                continue
+            if status.running:
+                self.store.transition(job.id, JobState.RUNNING, reason="node is back")
+            else:
+                self._finish(job, status)
+
+    async def _reap_stale(self) -> None:
+        """Stop earlier attempts of requeued jobs still running on nodes that came back.
+
+        A lost job may have kept running on a node that only dropped off the network; once
+        the job runs again elsewhere (or waits), the old copy must not go on using GPUs.
+        Retried every tick until the node answers.
+        """
+        jobs, _ = self.store.list_jobs(
+            states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000
+        )
+        for job in jobs:
+            stale = [old for old in job.handle.get("previous", [])
+                     if not old.get("reaped") and old.get("pgid") is not None]
+            changed = False
+            for old in stale:
+                if self._node_down(old.get("node", "")):
+                    continue
+                try:
+                    await self.backend.cancel(job.model_copy(update={"handle": old}),
+                                              grace_s=self.cancel_grace_s)
+                except GpuSchedError:
+                    continue
+                old["reaped"] = True
+                changed = True
+            if changed:
+                with contextlib.suppress(ConflictError):
+                    self.store.update_job(job.id, handle=job.handle, event="reconciled")
+
+    def _node_down(self, name: str) -> bool:
+        node_down = getattr(self.backend, "node_down", None)
+        if node_down is not None:
+            return bool(node_down(name))
+        return any(n.name == name and not n.up for n in self._inventory)
+
+    # ------------------------------------------------------------------ limits
+    async def _enforce_limits(self, now: datetime, active: policy.ActiveWindow) -> None:
+        jobs, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        stops = []
+        for job in jobs:
+            deadline = job.handle.get("deadline")
+            if deadline and now >= datetime.fromisoformat(deadline):
+                limit = job.handle.get("limit_s", 0)
+                stops.append(self._stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached"))
+            elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
+                job, active.window, now
+            ):
+                idle = active.window.lease_idle_timeout_s or 0.0
+                stops.append(self._stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed"))
+        await asyncio.gather(*stops)
+
+    async def _stop(self, job: Job, why: str, reason: str) -> None:
+        handle = {**job.handle, "stopping": why, "stop_reason": reason}
+        job = self.store.update_job(job.id, handle=handle, event="stopping")
+        with contextlib.suppress(GpuSchedError):
+            await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+        await self._settle_stopped(job.id)
+
+    async def _settle_stopped(self, job_id: int) -> Job:
+        """After a stop signal: record the end now if the job is gone (the loop may race us)."""
+        job = self.store.get_job(job_id)
+        if job.state not in ACTIVE_STATES:
+            return job
+        status = await self._safe_poll(job)
+        if status.running or status.lost:
+            return job  # still dying; the next poll records it
+        with contextlib.suppress(ConflictError):
+            self._finish(self.store.get_job(job_id), status)
+        return self.store.get_job(job_id)
+
+    # ------------------------------------------------------------------ placing
+    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
+        shapes = [_node_shape(n) for n in self._inventory if n.gpus or n.cpus]
+        key = tuple(shapes)
+        if self._base is None or key != self._base_key:
+            self._base = packer.ClusterState.from_nodes(shapes)
+            self._base_key = key
+        state = self._base.copy()
+        index = {name: i for i, name in enumerate(state.node_names)}
+        ours: dict[tuple[str, int], float] = {}
+        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        for job in jobs:
+            if job.placement is None or job.placement.node not in index:
+                continue
+            try:
+                state.allocate(job.placement, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+            except GpuSchedError:  # inventory shrank under a running job; keep counting it
+                log.warning("gpusched: job %s no longer fits its recorded placement", job.id)
+            for g in job.placement.gpu_indices:
+                ours[(job.placement.node, g)] = job.placement.share_per_gpu
+        for node in self._inventory:
+            if node.name not in index:
+                continue
+            i = index[node.name]
+            state.set_node_up(i, node.up and not self._node_down(node.name))
+            for gpu in node.gpus:
+                foreign_mb = sum(p.used_mem_mb for p in gpu.processes if _is_foreign(p))
+                if not any(_is_foreign(p) for p in gpu.processes):
+                    continue
+                if (node.name, gpu.index) not in ours:
+                    # Someone else is on this GPU: do not share it with them at all.
+                    state.occupy_foreign(i, gpu.index, 1.0)
+                elif gpu.mem_total_mb > 0:
+                    state.occupy_foreign(i, gpu.index, foreign_mb / gpu.mem_total_mb)
+        return state, index
+
+    async def _schedule(self, now: datetime, active: policy.ActiveWindow) -> None:
+        queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
+        if not queued:
+            self._positions = {}
+            return
+        state, _ = self._cluster_state()
+        usage = policy.fair_share_usage(
+            _usage(self.store.usage_records(since=now - timedelta(days=14))),
+            self.policy.fairshare_half_life_s, now,
+        )
+        order = policy.order_queue(queued, usage, now, active.window)
+        self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
+        for job_id, reason in order.skipped.items():
+            self._set_reason(job_id, reason)
+        ctx = self._admission_context(now, active, state)
+        head: policy.Reservation | None = None
+        for job in order.jobs:
+            admission = policy.admit(job, ctx)
+            if not admission.ok:
+                self._set_reason(job.id, admission.reason)
+                continue
+            reply = packer.pack(state, _request(job.spec), policy=self.packer_policy)
+            if head is not None and reply.node is not None:
+                backfill = policy.backfill_allowed(
+                    job, head, now, self._estimate(job), node=reply.node_name
+                )
+                if not backfill.ok:
+                    self._set_reason(job.id, backfill.reason)
+                    continue
+            if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
+                if active.window.preempt_batch and await self._preempt_for(job, state):
+                    self._set_reason(job.id, "waiting: batch jobs are being preempted for it")
+                    continue
+            if reply.node is None:
+                self._set_reason(job.id, f"waiting: no room ({reply.reason})")
+                if head is None:
+                    head = self._reserved_start(job, now, state)
+                continue
+            if head is not None:
+                head = policy.consume_spare(head, policy.job_gpus(job))
+            state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+            ctx = policy.add_to_context(ctx, job)
+            await self._launch(job, reply, active)
+
+    def _admission_context(
+        self, now: datetime, active: policy.ActiveWindow, state: packer.ClusterState
+    ) -> policy.AdmissionContext:
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        records = self.store.usage_records(since=now - timedelta(days=1))
+        return policy.AdmissionContext.build(
+            config=self.policy, window=active.window, now=now,
+            total_gpus=float(state.gpu_count[state.node_up].sum()), running=running,
+            usage_records=_usage(records),
+        )
+
+    def _estimate(self, job: Job) -> float:
+        history, _ = self.store.list_jobs(
+            states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
+        )
+        return policy.estimate_runtime_s(job, history)
+
+    def _reserved_start(
+        self, head: Job, now: datetime, state: packer.ClusterState
+    ) -> policy.Reservation:
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        whole_free = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
+        counts = whole_free.sum(axis=1)
+        free = {name: float(n) for name, n in zip(state.node_names, counts, strict=True)}
+        return policy.reserved_start(head, running, free, now, estimate=self._estimate)
+
+    async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
+        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        batch = [j for j in running if j.spec.priority_class is PriorityClass.BATCH]
+        by_id = {j.id: j for j in batch}
+        request = _request(lease.spec)
+
+        def fits(freed: frozenset[int]) -> bool:
+            trial = state.copy()
+            for jid in freed:
+                p = by_id[jid].placement
+                if p is not None and p.node in trial.node_names:
+                    trial.release(p.node, p.gpu_indices, p.share_per_gpu,
+                                  cpus=by_id[jid].spec.cpus, mem_gb=by_id[jid].spec.mem_gb)
+            return packer.pack(trial, request, policy=self.packer_policy).node is not None
+
+        victims = policy.choose_preemptions(
+            policy.job_gpus(lease), batch, self.clock.now(), fits
+        )
+        if not victims:
+            return False
+        await asyncio.gather(*(self._stop(by_id[v], "preempt", "preempted") for v in victims))
+        return True
+
+    async def _launch(self, job: Job, reply: packer.PackReply, active: policy.ActiveWindow) -> None:
+        assert reply.node_name is not None
+        node = next(n for n in self._inventory if n.name == reply.node_name)
+        uuids = {g.index: g.uuid for g in node.gpus}
+        mem_gb = None
+        if node.gpus and reply.share_per_gpu < 1:
+            mem_gb = round(reply.share_per_gpu * node.gpus[0].mem_total_mb / 1024, 3)
+        placement = Placement(
+            node=reply.node_name,
+            gpu_indices=list(reply.gpu_indices),
+            gpu_uuids=[uuids.get(i, "") for i in reply.gpu_indices],
+            share_per_gpu=reply.share_per_gpu,
+            gpu_mem_gb=mem_gb,
+        )
+        now = self.clock.now()
+        limit_s = _runtime_limit(job, active)
+        handle: dict[str, Any] = {k: v for k, v in job.handle.items() if k == "previous"}
+        if limit_s is not None:
+            handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
+            handle["limit_s"] = limit_s
+        job = self.store.transition(
+            job.id, JobState.STARTING, expect=JobState.QUEUED, placement=placement,
+            started_at=now, last_activity_at=now, handle=handle,
+            reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
+        )
+        reserved_mb = 0.0
+        if node.gpus:
+            reserved_mb = placement.share_per_gpu * node.gpus[0].mem_total_mb
+        try:
+            argv = list(self.commands[job.spec.kind](job))
+            # The job learns how much GPU memory it may use; the simulator also reads it.
+            env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(int(reserved_mb))}
+            spec = job.spec.model_copy(update={"command": argv, "env": env})
+            result = await self.backend.launch(job.model_copy(update={"spec": spec}), placement)
+        except GpuSchedError as exc:
+            self.store.transition(
+                job.id, JobState.QUEUED, reason=f"launch on {placement.node} failed: {exc.message}",
+                placement=None, started_at=None, handle={k: v for k, v in handle.items()
+                                                         if k == "previous"},
+            )
+            return
+        self.store.transition(
+            job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
+        )
+
+    def _set_reason(self, job_id: int, reason: str | None) -> None:
+        job = self.store.get_job(job_id)
+        if job.reason != reason:
+            self.store.update_job(job_id, reason=reason, event="waiting")
+
+    # ------------------------------------------------------------------ API actions
+    def submit(self, spec: JobSpec) -> Job:
+        """Queue a job; refuse at once a request no node could ever hold."""
+        if self._inventory:
+            state, _ = self._cluster_state()
+            empty = packer.ClusterState.from_nodes(state.shapes)
+            reply = packer.pack(empty, _request(spec), policy="first_fit")
+            if reply.node is None and not reply.feasible_ever:
+                raise InfeasibleError(f"this job can never fit: {reply.reason}")
+        if spec.kind not in self.commands:
+            raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
+        job = self.store.add_job(spec)
+        self.wake()
+        return job
+
+    def get_job(self, job_id: int) -> Job:
+        """One job (NotFoundError if absent)."""
+        return self.store.get_job(job_id)
+
+    def list_jobs(self, **filters: Any) -> tuple[list[Job], int]:
+        """A page of jobs and the total matching the filters."""
+        return self.store.list_jobs(**filters)
+
+    def job_view(self, job: Job) -> dict[str, Any]:
+        """The API's JSON for a job, with its queue position."""
+        return job_view(job, self._positions.get(job.id))
+
+    def _check_owner(self, job: Job, user: str) -> None:
+        if user != job.user and user not in self.admins:
+            raise ForbiddenError(
+                f"job {job.id} belongs to {job.user}; only its owner or an admin may change it"
+            )
+
+    async def cancel(self, job_id: int, *, user: str, reason: str | None = None) -> Job:
+        """Cancel a queued job, or stop a running one (TERM, then KILL after the grace)."""
+        job = self.store.get_job(job_id)
+        self._check_owner(job, user)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
+        reason = reason or f"cancelled by {user}"
+        if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
+            job = self.store.transition(job_id, JobState.CANCELLED, reason=reason,
+                                        finished_at=self.clock.now())
+        else:
+            handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
+            job = self.store.update_job(job_id, handle=handle, event="stopping")
+            if job.handle.get("pgid") is not None:
+                await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+            job = await self._settle_stopped(job_id)
+            if job.state in ACTIVE_STATES:  # never launched, or unkillable: stop tracking it
+                job = self.store.transition(
+                    job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
+                )
+        self.wake()
+        await self._notify()
+        return job
+
+    def update(
+        self, job_id: int, *, user: str, priority: PriorityClass | None = None,
+        held: bool | None = None,
+    ) -> Job:
+        """Change a job's priority class or hold it in the queue."""
+        job = self.store.get_job(job_id)
+        self._check_owner(job, user)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job_id} already {job.state.value}; it cannot change")
+        fields: dict[str, Any] = {}
+        if priority is not None:
+            fields["spec"] = job.spec.model_copy(update={"priority": priority})
+        if held is not None:
+            fields["held"] = held
+        if not fields:
+            return job
+        job = self.store.update_job(job_id, **fields)
+        self.wake()
+        return job
+
+    def touch(self, job_id: int) -> Job:
+        """Record activity on a lease (a cell ran), postponing idle reclaim."""
+        return self.store.update_job(job_id, last_activity_at=self.clock.now(), event="activity")
+
+    async def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> bytes:
+        """A slice of the job's log ('' before it started)."""
+        job = self.store.get_job(job_id)
+        if not job.handle.get("log"):
+            return b""
+        return await self.backend.read_log(job, offset=offset, limit=limit)
+
+    async def follow_log(self, job_id: int, *, offset: int = 0) -> AsyncIterator[bytes]:
+        """Log bytes as they are written, until the job ends."""
+        while True:
+            job = self.store.get_job(job_id)
+            if job.handle.get("log"):
+                break
+            if job.state in TERMINAL_STATES:
+                return
+            await asyncio.sleep(0.2)
+        async for chunk in self.backend.follow_log(job, offset=offset):
+            yield chunk
+
+    # ------------------------------------------------------------------ views and events
+    def snapshot(self) -> ClusterSnapshot:
+        """Inventory, packer state and active jobs at this instant, for the views."""
+        now = self.clock.now()
+        state, _ = self._cluster_state()
+        active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        _, queued = self.store.list_jobs(states=[JobState.QUEUED], limit=0)
+        return ClusterSnapshot(
+            inventory=self._inventory, state=state, jobs=active_jobs, queued=queued,
+            window=policy.resolve_window(self.policy, now), now=now,
+        )
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The API's cluster JSON: nodes, GPUs with state and owner, metrics, window."""
+        return cluster_view(self.snapshot())
+
+    def policy_view(self, at: datetime | None = None) -> dict[str, Any]:
+        """Which rules hold at ``at`` (default now), and why."""
+        when = at or self.clock.now()
+        active = policy.resolve_window(self.policy, when)
+        return {
+            "window": policy.window_dict(active),
+            "explanation": policy.explain(self.policy, when),
+        }
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    async def subscribe(self, *, after_id: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """Stored events after ``after_id``, then new ones as they happen (resumable)."""
+        last = after_id
+        seen_version = -1
+        while True:
+            for event in self.store.list_events(after_id=last, limit=500):
+                last = event.id
+                payload = event.model_dump(mode="json")
+                if event.job_id is not None:
+                    with contextlib.suppress(GpuSchedError):
+                        payload["job"] = self.job_view(self.store.get_job(event.job_id))
+                yield payload
+            async with self._changed:
+                if self._version == seen_version:
+                    await self._changed.wait()
+                seen_version = self._version
+
+
+def _is_foreign(proc: object) -> bool:
+    """Processes the backend cannot tie to one of our jobs count as someone else's."""
+    return bool(getattr(proc, "foreign", True))
+
+
+def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:
+    return [policy.UsageRecord(*row) for row in rows]
+
+
+def _node_shape(node: NodeInventory) -> packer.NodeShape:
+    first = node.gpus[0] if node.gpus else None
+    return packer.NodeShape(
+        name=node.name,
+        gpu_model=first.model if first else "",
+        gpu_mem_gb=round(first.mem_total_mb / 1024, 3) if first else 0.0,
+        gpus=len(node.gpus),
+        cpus=node.cpus,
+        mem_gb=node.mem_gb,
+        nvlink_groups=_nvlink_groups(node),
+    )
+
+
+def _nvlink_groups(node: NodeInventory) -> tuple[int, ...]:
+    """Islands of GPUs joined by NVLink (connected components), one id per GPU."""
+    group = {g.index: g.index for g in node.gpus}
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for gpu in node.gpus:
+        for peer in gpu.nvlink_peers:
+            if peer in group:
+                group[root(peer)] = root(gpu.index)
+    if all(not g.nvlink_peers for g in node.gpus):
+        return ()
+    return tuple(root(g.index) for g in node.gpus)
+
+
+def _request(spec: JobSpec) -> packer.PackRequest:
+    return packer.PackRequest(
+        gpus=spec.gpus,
+        gpu_share=spec.gpu_share if spec.gpu_share is not None else 1.0,
+        gpu_mem_gb=spec.gpu_mem_gb,
+        cpus=spec.cpus,
+        mem_gb=spec.mem_gb,
+        models=tuple(spec.gpu_models),
+    )
+
+
+def _runtime_limit(job: Job, active: policy.ActiveWindow) -> float | None:
+    limits = [job.spec.max_runtime_s]
+    if job.spec.priority_class is PriorityClass.BATCH:
+        limits.append(policy.batch_runtime_limit_s(active.window))
+    given = [x for x in limits if x]
+    return min(given) if given else None
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "ended without an exit code"
+    if code < 0 or code > 128:
+        sig = -code if code < 0 else code - 128
+        return f"killed by signal {sig}"
+    return f"exit code {code}"
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
