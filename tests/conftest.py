@@ -8,6 +8,8 @@ import pytest
 
 from jupyter_gpusched.clock import ManualClock
 
+pytest_plugins = ["_fixtures_postgres"]
+
 
 @pytest.fixture
 def clock() -> ManualClock:

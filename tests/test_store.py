@@ -1,0 +1,438 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
+
+from jupyter_gpusched.clock import ManualClock
+from jupyter_gpusched.exceptions import (
+    ConflictError,
+    IllegalTransitionError,
+    InvalidSpecError,
+    NotFoundError,
+)
+from jupyter_gpusched.models import (
+    TRANSITIONS,
+    JobKind,
+    JobSpec,
+    JobState,
+    Placement,
+    PriorityClass,
+)
+from jupyter_gpusched.store import Store
+
+S = JobState
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gpusched.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store(store_url: str, clock: ManualClock) -> Iterator[Store]:
+    st = Store(store_url, clock=clock)
+    st.migrate()
+    yield st
+    st.close()
+
+
+def script(user: str = "ann", **kw: object) -> JobSpec:
+    return JobSpec.model_validate(
+        {"kind": "script", "command": ["python", "train.py"], "user": user, **kw}
+    )
+
+
+FULL_SPEC = JobSpec(
+    kind=JobKind.NOTEBOOK,
+    name="sweep lr",
+    notebook="nb/train.ipynb",
+    parameters={"lr": 0.1, "layers": [1, 2], "tag": "ü", "nested": {"a": None}},
+    kernel_name="python3",
+    gpus=2,
+    gpu_mem_gb=12.5,
+    cpus=3.5,
+    mem_gb=64,
+    gpu_models=["A100", "H100"],
+    priority=PriorityClass.INTERACTIVE,
+    user="bob",
+    max_runtime_s=7200,
+    not_before=datetime(2026, 11, 23, 22, 0, tzinfo=timezone(timedelta(hours=1))),
+    labels={"team": "vision"},
+    workdir="/scratch/bob",
+    env={"WANDB_MODE": "offline"},
+    files=["data.csv", "cfg.yaml"],
+    retries=3,
+    lease_name="mylease",
+)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+def test_every_spec_field_round_trips(store: Store) -> None:
+    job = store.add_job(FULL_SPEC)
+    back = store.get_job(job.id)
+    assert back.spec == FULL_SPEC
+    assert back.spec.not_before == datetime(2026, 11, 23, 21, 0, tzinfo=timezone.utc)
+    assert back == job
+    assert back.state is S.QUEUED and back.submitted_at.tzinfo is not None
+
+
+def test_every_job_field_round_trips(store: Store, clock: ManualClock) -> None:
+    job = store.add_job(script())
+    placement = Placement(
+        node="gpu-a",
+        gpu_indices=[1, 3],
+        gpu_uuids=["GPU-1", "GPU-3"],
+        share_per_gpu=0.5,
+        gpu_mem_gb=20,
+    )
+    started = clock.now() + timedelta(seconds=5)
+    store.transition(
+        job.id,
+        S.STARTING,
+        placement=placement,
+        attempt=2,
+        handle={"pid": 4242, "pgid": 4242, "kernel": {"id": "k1"}},
+    )
+    store.update_job(job.id, held=True, last_activity_at=started + timedelta(minutes=3))
+    finished = started + timedelta(hours=1, microseconds=7)
+    store.transition(job.id, S.RUNNING, started_at=started)
+    store.transition(job.id, S.FAILED, exit_code=137, finished_at=finished, reason="OOM killed")
+    back = store.get_job(job.id)
+    assert back.model_dump() == {
+        "id": job.id,
+        "spec": script().model_dump(),
+        "state": S.FAILED,
+        "held": True,
+        "submitted_at": clock.now(),
+        "started_at": started,
+        "finished_at": finished,
+        "last_activity_at": started + timedelta(minutes=3),
+        "placement": placement.model_dump(),
+        "exit_code": 137,
+        "reason": "OOM killed",
+        "attempt": 2,
+        "handle": {"pid": 4242, "pgid": 4242, "kernel": {"id": "k1"}},
+    }
+    assert all(t.tzinfo == timezone.utc for t in (back.started_at, back.finished_at))
+
+
+def test_unknown_job_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="job 7 does not exist"):
+        store.get_job(7)
+    with pytest.raises(NotFoundError):
+        store.transition(7, S.CANCELLED)
+
+
+def test_naive_datetimes_are_refused(store: Store) -> None:
+    job = store.add_job(script())
+    with pytest.raises(Exception, match="no timezone"):
+        store.update_job(job.id, last_activity_at=datetime(2026, 11, 23, 9, 0))
+
+
+# -- listing -------------------------------------------------------------------------------------
+
+
+def test_list_filters_and_pages_with_totals(store: Store, clock: ManualClock) -> None:
+    ids = []
+    for i in range(7):
+        spec = (
+            script("ann" if i % 2 == 0 else "bob") if i != 6 else JobSpec(kind="lease", user="ann")
+        )
+        ids.append(store.add_job(spec).id)
+        clock.advance(60)
+    store.transition(ids[0], S.STARTING, placement=Placement(node="n1", gpu_indices=[0]))
+    store.transition(ids[1], S.STARTING, placement=Placement(node="n2", gpu_indices=[0]))
+    store.transition(ids[2], S.CANCELLED)
+
+    page, total = store.list_jobs(limit=3)
+    assert [j.id for j in page] == ids[:3] and total == 7
+    page, total = store.list_jobs(limit=3, offset=6)
+    assert [j.id for j in page] == ids[6:] and total == 7
+    page, total = store.list_jobs(limit=2, order="-submitted_at")
+    assert [j.id for j in page] == [ids[6], ids[5]] and total == 7
+
+    assert store.list_jobs(user="bob")[1] == 3
+    assert [j.id for j in store.list_jobs(states=[S.STARTING])[0]] == ids[:2]
+    assert [j.id for j in store.list_jobs(states=[S.QUEUED], user="ann")[0]] == [ids[4], ids[6]]
+    assert [j.id for j in store.list_jobs(kind=JobKind.LEASE)[0]] == [ids[6]]
+    assert [j.id for j in store.list_jobs(node="n2")[0]] == [ids[1]]
+    assert [j.id for j in store.list_jobs(priority=PriorityClass.INTERACTIVE)[0]] == [ids[6]]
+    assert store.list_jobs(states=[], limit=5) == ([], 0)
+    assert len(store.list_jobs(limit=None)[0]) == 7
+
+
+def test_list_rejects_unknown_order(store: Store) -> None:
+    with pytest.raises(InvalidSpecError, match="order"):
+        store.list_jobs(order="password")
+
+
+# -- transitions and the audit log ---------------------------------------------------------------
+
+LEGAL = [(a, b) for a, nxt in TRANSITIONS.items() for b in nxt]
+ILLEGAL = [(a, b) for a in S for b in S if b not in TRANSITIONS[a]]
+
+#: A legal path from queued to each state, to put a job there.
+PATH_TO = {
+    S.QUEUED: [],
+    S.STARTING: [S.STARTING],
+    S.RUNNING: [S.STARTING, S.RUNNING],
+    S.SUCCEEDED: [S.STARTING, S.RUNNING, S.SUCCEEDED],
+    S.FAILED: [S.STARTING, S.FAILED],
+    S.CANCELLED: [S.CANCELLED],
+    S.PREEMPTED: [S.STARTING, S.RUNNING, S.PREEMPTED],
+    S.LOST: [S.STARTING, S.LOST],
+}
+
+
+def put_in(store: Store, state: JobState) -> int:
+    job = store.add_job(script())
+    for step in PATH_TO[state]:
+        store.transition(job.id, step)
+    assert store.get_job(job.id).state is state
+    return job.id
+
+
+def test_every_state_change_writes_exactly_one_event(store: Store) -> None:
+    for from_state, to_state in LEGAL:
+        job_id = put_in(store, from_state)
+        before = store.list_events(job_id=job_id)
+        store.transition(job_id, to_state, reason=f"to {to_state.value}")
+        after = store.list_events(job_id=job_id)
+        assert len(after) == len(before) + 1
+        new = after[-1]
+        assert (new.kind, new.from_state, new.to_state) == ("state", from_state, to_state)
+        assert new.detail["reason"] == f"to {to_state.value}"
+
+
+@pytest.mark.parametrize("from_state", list(S))
+def test_illegal_transitions_are_refused_and_write_nothing(
+    store: Store, from_state: JobState
+) -> None:
+    targets = [b for a, b in ILLEGAL if a is from_state]
+    job_id = put_in(store, from_state)
+    before_job, before_events = store.get_job(job_id), store.list_events()
+    for to_state in targets:
+        with pytest.raises(IllegalTransitionError):
+            store.transition(job_id, to_state, exit_code=1, reason="nope")
+    assert store.get_job(job_id) == before_job
+    assert store.list_events() == before_events
+
+
+def test_expect_guards_against_a_state_changed_meanwhile(store: Store) -> None:
+    job_id = put_in(store, S.STARTING)
+    with pytest.raises(ConflictError, match="not queued"):
+        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+    assert store.get_job(job_id).state is S.STARTING
+
+
+def test_submission_and_updates_are_logged(store: Store, clock: ManualClock) -> None:
+    job = store.add_job(script())
+    clock.advance(30)
+    store.update_job(job.id, held=True)
+    store.update_job(job.id, event=None, last_activity_at=clock.now())
+    store.update_job(job.id, event="priority", spec=script(priority="interactive"))
+    events = store.list_events(job_id=job.id)
+    assert [(e.kind, e.to_state) for e in events] == [
+        ("submitted", S.QUEUED),
+        ("updated", None),
+        ("priority", None),
+    ]
+    assert events[1].detail == {"fields": {"held": True}} and events[1].at == clock.now()
+    assert store.get_job(job.id).spec.priority_class is PriorityClass.INTERACTIVE
+    assert [j.id for j in store.list_jobs(priority=PriorityClass.INTERACTIVE)[0]] == [job.id]
+
+
+def test_update_cannot_change_state_or_owner(store: Store) -> None:
+    job = store.add_job(script())
+    with pytest.raises(TypeError, match="state"):
+        store.update_job(job.id, state=S.RUNNING)
+    with pytest.raises(ConflictError, match="user"):
+        store.update_job(job.id, spec=script("mallory"))
+
+
+def test_events_page_after_an_id(store: Store) -> None:
+    first = store.add_job(script())
+    second = store.add_job(script())
+    store.transition(first.id, S.CANCELLED)
+    note = store.add_event("window", detail={"name": "night"})
+    everything = store.list_events()
+    assert [e.job_id for e in everything] == [first.id, second.id, first.id, None]
+    assert store.list_events(after_id=everything[1].id) == everything[2:]
+    assert store.list_events(after_id=0, limit=1) == everything[:1]
+    assert everything[-1] == note and store.last_event_id() == note.id
+    with pytest.raises(NotFoundError):
+        store.add_event("note", job_id=999)
+
+
+def test_timestamps_come_from_the_clock(store: Store, clock: ManualClock) -> None:
+    job = store.add_job(script())
+    clock.advance(10)
+    store.transition(job.id, S.STARTING)
+    clock.advance(20)
+    running = store.transition(job.id, S.RUNNING)
+    clock.advance(30)
+    done = store.transition(job.id, S.SUCCEEDED, exit_code=0)
+    assert running.started_at == job.submitted_at + timedelta(seconds=30)
+    assert done.finished_at == job.submitted_at + timedelta(seconds=60)
+    assert [e.at for e in store.list_events(job_id=job.id)] == [
+        job.submitted_at + timedelta(seconds=s) for s in (0, 10, 30, 60)
+    ]
+
+
+# -- usage ---------------------------------------------------------------------------------------
+
+
+def test_usage_counts_every_attempt_share_weighted(store: Store, clock: ManualClock) -> None:
+    t0 = clock.now()
+    job = store.add_job(script("ann"))
+    store.transition(job.id, S.STARTING, placement=Placement(node="n", gpu_indices=[0, 1]))
+    store.transition(job.id, S.RUNNING)
+    clock.advance(3600)
+    store.transition(job.id, S.PREEMPTED)
+    store.transition(job.id, S.QUEUED, placement=None)
+    clock.advance(600)
+    store.transition(
+        job.id,
+        S.STARTING,
+        attempt=1,
+        placement=Placement(node="m", gpu_indices=[2], share_per_gpu=0.5),
+    )
+    clock.advance(1800)
+    other = store.add_job(script("bob"))
+    store.transition(other.id, S.STARTING, placement=Placement(node="n", gpu_indices=[0]))
+    clock.advance(100)
+
+    records = store.usage_records(since=t0)
+    assert records == [
+        ("ann", 2.0, t0, t0 + timedelta(seconds=3600)),
+        ("ann", 0.5, t0 + timedelta(seconds=4200), None),
+        ("bob", 1.0, t0 + timedelta(seconds=6000), None),
+    ]
+    assert store.usage_by_user(since=t0) == {"ann": 2.0 * 3600 + 0.5 * 1900, "bob": 100.0}
+    late = t0 + timedelta(seconds=5000)
+    assert len(store.usage_records(since=late)) == 2
+    assert store.usage_by_user(since=late)["ann"] == 0.5 * 1100
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+
+
+def test_node_status_is_kept_and_up_down_is_logged(store: Store, clock: ManualClock) -> None:
+    store.set_node_status("gpu-a", up=True, failures=0)
+    store.set_node_status("gpu-b", up=True, failures=0)
+    clock.advance(5)
+    store.set_node_status("gpu-a", up=True, failures=1, detail="timeout")
+    store.set_node_status("gpu-a", up=False, failures=3, detail="unreachable")
+    status = store.node_status()
+    assert list(status) == ["gpu-a", "gpu-b"]
+    assert (status["gpu-a"].up, status["gpu-a"].failures, status["gpu-a"].detail) == (
+        False,
+        3,
+        "unreachable",
+    )
+    assert status["gpu-a"].updated_at == clock.now()
+    node_events = [e.detail for e in store.list_events() if e.kind == "node"]
+    assert node_events == [
+        {"node": "gpu-a", "up": True, "detail": None},
+        {"node": "gpu-b", "up": True, "detail": None},
+        {"node": "gpu-a", "up": False, "detail": "unreachable"},
+    ]
+
+
+# -- restart and concurrency ---------------------------------------------------------------------
+
+
+def test_a_second_store_on_the_same_url_sees_everything(
+    store_url: str, store: Store, clock: ManualClock
+) -> None:
+    job = store.add_job(FULL_SPEC)
+    store.transition(job.id, S.STARTING, placement=Placement(node="n", gpu_indices=[0]))
+    store.close()
+    again = Store(store_url, clock=clock)
+    again.migrate()
+    try:
+        assert again.get_job(job.id) == store.get_job(job.id)
+        assert len(again.list_events()) == 2
+    finally:
+        again.close()
+
+
+def test_racing_starts_have_exactly_one_winner(
+    store_url: str, store: Store, clock: ManualClock
+) -> None:
+    # Two stores = two engines and pools, as two servers sharing one database would have.
+    other = Store(store_url, clock=clock)
+    racers = [store, other, store, other]
+    job_ids = [store.add_job(script()).id for _ in range(10)]
+    try:
+        for job_id in job_ids:
+            barrier = threading.Barrier(len(racers))
+            outcomes: list[str] = []
+
+            def race(
+                st: Store,
+                job_id: int = job_id,
+                barrier: threading.Barrier = barrier,
+                outcomes: list[str] = outcomes,
+            ) -> None:
+                barrier.wait()
+                try:
+                    st.transition(job_id, S.STARTING, expect=S.QUEUED)
+                    outcomes.append("won")
+                except ConflictError:
+                    outcomes.append("conflict")
+
+            threads = [threading.Thread(target=race, args=(st,)) for st in racers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(outcomes) == ["conflict"] * (len(racers) - 1) + ["won"]
+            assert [e.to_state for e in store.list_events(job_id=job_id)] == [S.QUEUED, S.STARTING]
+    finally:
+        other.close()
+
+
+def test_default_url_is_a_sqlite_file_in_the_jupyter_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: ManualClock
+) -> None:
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    url = Store.default_url()
+    assert url == f"sqlite:///{tmp_path / 'data' / 'gpusched' / 'gpusched.db'}"
+    st = Store(url, clock=clock)
+    st.migrate()
+    st.add_job(script())
+    with st.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    st.close()
+
+
+def test_plain_postgresql_urls_use_psycopg3() -> None:
+    from jupyter_gpusched.store import normalize_url
+
+    assert normalize_url("postgresql://u:p@db/x") == "postgresql+psycopg://u:p@db/x"
+    assert normalize_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_started_at_given_when_starting_is_kept_when_running(
+    store: Store, clock: ManualClock
+) -> None:
+    job = store.add_job(script())
+    placed_at = clock.now()
+    store.transition(job.id, S.STARTING, started_at=placed_at)
+    clock.advance(45)
+    assert store.transition(job.id, S.RUNNING).started_at == placed_at
+    store.transition(job.id, S.PREEMPTED)
+    requeued = store.transition(job.id, S.QUEUED, placement=None, started_at=None)
+    assert requeued.started_at is None and requeued.placement is None
