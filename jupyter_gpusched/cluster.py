@@ -5,7 +5,7 @@ Plain dataclasses in, plain dataclasses out: the scheduler never sees asyncssh o
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -20,6 +20,12 @@ class GpuProcess:
     pid: int
     used_mem_mb: float
     name: str = ""
+    job_id: int | None = None  # the gpusched job it belongs to; None = someone else's
+
+    @property
+    def foreign(self) -> bool:
+        """True when the scheduler did not start this process: its GPU counts as occupied."""
+        return self.job_id is None
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,13 @@ class Backend(Protocol):
         """Every configured node with its GPUs (down nodes too, with ``up=False``)."""
         ...
 
-    async def launch(self, job: Job, placement: Placement) -> LaunchResult:
-        """Start ``job`` detached on ``placement``; return facts to find it again."""
+    async def launch(
+        self, job: Job, placement: Placement, *, argv: Sequence[str] | None = None
+    ) -> LaunchResult:
+        """Start ``job`` detached on ``placement``; return facts to find it again.
+
+        ``argv`` is what to run (a notebook runner, a kernel); default: the spec's command.
+        """
         ...
 
     async def poll(self, job: Job) -> JobStatus:

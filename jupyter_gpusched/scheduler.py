@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 #: How a job of each kind turns into the argv the backend launches; kinds register here.
 CommandBuilder = Callable[[Job], Sequence[str]]
+#: Called once a job has ended (any terminal state), e.g. to fetch a notebook's output.
+EndHook = Callable[[Job], Awaitable[None]]
+#: Called at every tick with the current time, e.g. to fire recurring job definitions.
+TickHook = Callable[[datetime], Awaitable[None]]
 
 
 def script_command(job: Job) -> Sequence[str]:
@@ -74,6 +78,9 @@ class Scheduler:
         self.admins = admins
         self.commands: dict[JobKind, CommandBuilder] = {JobKind.SCRIPT: script_command}
         self.commands.update(commands or {})
+        self.end_hooks: list[EndHook] = []
+        self.tick_hooks: list[TickHook] = []
+        self._hooks_backlog: set[int] | None = None
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
         self._polled_at: float | None = None
@@ -130,8 +137,32 @@ class Scheduler:
             await self._poll_active()
             await self._reap_stale()
             await self._enforce_limits(now, active)
+            for hook in self.tick_hooks:
+                await hook(now)
             await self._schedule(now, active)
+            await self._run_end_hooks()
         await self._notify()
+
+    async def _run_end_hooks(self) -> None:
+        """Run end hooks once per ended job; the store remembers which ran (restart-safe)."""
+        if not self.end_hooks:
+            return
+        if self._hooks_backlog is None:  # first tick after start: catch up on a crash
+            ended, _ = self.store.list_jobs(states=list(TERMINAL_STATES), limit=1_000_000)
+            self._hooks_backlog = {j.id for j in ended}
+        pending, self._hooks_backlog = self._hooks_backlog, set()
+        for job in (self.store.get_job(i) for i in sorted(pending)):
+            if job.state not in TERMINAL_STATES:
+                continue
+            if job.handle.get("ended_hooks_done") or not job.started_at:
+                continue
+            for hook in self.end_hooks:
+                try:
+                    await hook(job)
+                except Exception:  # one bad hook must not stop the loop or the others
+                    log.exception("gpusched: end hook failed for job %s", job.id)
+            self.store.update_job(job.id, handle={**job.handle, "ended_hooks_done": True},
+                                  event=None)
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
         mono = self.clock.monotonic()
@@ -188,43 +219,50 @@ class Scheduler:
             return
         if status.running:
             if job.state is JobState.STARTING:
-                self.store.transition(job.id, JobState.RUNNING, expect=JobState.STARTING)
+                self._move(job.id, JobState.RUNNING, expect=JobState.STARTING)
             return
         self._finish(job, status)
+
+    def _move(self, job_id: int, to_state: JobState, **fields: Any) -> Job:
+        """Change a job's state in the store, noting ended jobs for the end hooks."""
+        job = self.store.transition(job_id, to_state, **fields)
+        if self._hooks_backlog is not None and job.state in TERMINAL_STATES:
+            self._hooks_backlog.add(job.id)
+        return job
 
     def _finish(self, job: Job, status: JobStatus) -> None:
         code = status.exit_code
         ended = status.ended_at or self.clock.now()
         stopping = job.handle.get("stopping")
         if stopping == "preempt":
-            self.store.transition(
+            self._move(
                 job.id, JobState.PREEMPTED, reason="preempted for interactive work",
                 finished_at=ended, exit_code=code,
             )
             self._requeue(job, "preempted: requeued")
             return
         if stopping in ("cancel", "idle"):
-            self.store.transition(
+            self._move(
                 job.id, JobState.CANCELLED, finished_at=ended, exit_code=code,
                 reason=job.handle.get("stop_reason"),
             )
         elif code == 0:
-            self.store.transition(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
+            self._move(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
         else:
             reason = job.handle.get("stop_reason") or _exit_reason(code)
-            self.store.transition(
+            self._move(
                 job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason
             )
 
     def _lose(self, job: Job, detail: str) -> None:
-        job = self.store.transition(job.id, JobState.LOST, reason=detail)
+        job = self._move(job.id, JobState.LOST, reason=detail)
         if job.attempt < job.spec.retries:
             self._requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
 
     def _requeue(self, job: Job, reason: str) -> None:
         previous = [*job.handle.get("previous", []), {k: v for k, v in job.handle.items()
                                                       if k != "previous"}]
-        self.store.transition(
+        self._move(
             job.id, JobState.QUEUED, reason=reason, attempt=job.attempt + 1,
             placement=None, handle={"previous": previous}, started_at=None, exit_code=None,
         )
@@ -237,7 +275,7 @@ class Scheduler:
             if status.lost:
                 continue
             if status.running:
-                self.store.transition(job.id, JobState.RUNNING, reason="node is back")
+                self._move(job.id, JobState.RUNNING, reason="node is back")
             else:
                 self._finish(job, status)
 
@@ -336,8 +374,8 @@ class Scheduler:
             i = index[node.name]
             state.set_node_up(i, node.up and not self._node_down(node.name))
             for gpu in node.gpus:
-                foreign_mb = sum(p.used_mem_mb for p in gpu.processes if _is_foreign(p))
-                if not any(_is_foreign(p) for p in gpu.processes):
+                foreign_mb = sum(p.used_mem_mb for p in gpu.processes if p.foreign)
+                if not any(p.foreign for p in gpu.processes):
                     continue
                 if (node.name, gpu.index) not in ours:
                     # Someone else is on this GPU: do not share it with them at all.
@@ -459,7 +497,7 @@ class Scheduler:
         if limit_s is not None:
             handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
             handle["limit_s"] = limit_s
-        job = self.store.transition(
+        job = self._move(
             job.id, JobState.STARTING, expect=JobState.QUEUED, placement=placement,
             started_at=now, last_activity_at=now, handle=handle,
             reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
@@ -471,16 +509,18 @@ class Scheduler:
             argv = list(self.commands[job.spec.kind](job))
             # The job learns how much GPU memory it may use; the simulator also reads it.
             env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(int(reserved_mb))}
-            spec = job.spec.model_copy(update={"command": argv, "env": env})
-            result = await self.backend.launch(job.model_copy(update={"spec": spec}), placement)
+            spec = job.spec.model_copy(update={"env": env})
+            result = await self.backend.launch(
+                job.model_copy(update={"spec": spec}), placement, argv=argv
+            )
         except GpuSchedError as exc:
-            self.store.transition(
+            self._move(
                 job.id, JobState.QUEUED, reason=f"launch on {placement.node} failed: {exc.message}",
                 placement=None, started_at=None, handle={k: v for k, v in handle.items()
                                                          if k == "previous"},
             )
             return
-        self.store.transition(
+        self._move(
             job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
         )
 
@@ -530,7 +570,7 @@ class Scheduler:
             raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
         reason = reason or f"cancelled by {user}"
         if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
-            job = self.store.transition(job_id, JobState.CANCELLED, reason=reason,
+            job = self._move(job_id, JobState.CANCELLED, reason=reason,
                                         finished_at=self.clock.now())
         else:
             handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
@@ -539,7 +579,7 @@ class Scheduler:
                 await self.backend.cancel(job, grace_s=self.cancel_grace_s)
             job = await self._settle_stopped(job_id)
             if job.state in ACTIVE_STATES:  # never launched, or unkillable: stop tracking it
-                job = self.store.transition(
+                job = self._move(
                     job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
                 )
         self.wake()
@@ -568,7 +608,7 @@ class Scheduler:
 
     def touch(self, job_id: int) -> Job:
         """Record activity on a lease (a cell ran), postponing idle reclaim."""
-        return self.store.update_job(job_id, last_activity_at=self.clock.now(), event="activity")
+        return self.store.update_job(job_id, last_activity_at=self.clock.now(), event=None)
 
     async def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> bytes:
         """A slice of the job's log ('' before it started)."""
@@ -635,11 +675,6 @@ class Scheduler:
                 if self._version == seen_version:
                     await self._changed.wait()
                 seen_version = self._version
-
-
-def _is_foreign(proc: object) -> bool:
-    """Processes the backend cannot tie to one of our jobs count as someone else's."""
-    return bool(getattr(proc, "foreign", True))
 
 
 def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:

@@ -1,0 +1,241 @@
+"""The node agent, run as the CLI it is on a node (no SSH in between)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _fixtures_ssh import REPO_ROOT, fake_gpu_bin, gpu_state, kill_marked
+
+from jupyter_gpusched.agent import short_model
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Environment of a fake node: a GPU state file, no nvidia-smi, a marker for cleanup."""
+    token = uuid.uuid4().hex
+    state = tmp_path / "gpus.json"
+    state.write_text(json.dumps(gpu_state(4)))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(REPO_ROOT),
+        "GPUSCHED_TEST_RUN": token,
+        "JPY_PARENT_PID": "12345",
+    }
+    yield {"env": env, "state": state, "dir": tmp_path}
+    kill_marked(token)
+
+
+def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
+    done = subprocess.run([sys.executable, "-m", "jupyter_gpusched.agent", *args],
+                          env=env, capture_output=True, timeout=60)
+    if check:
+        assert done.returncode == 0, (done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def wait_ended(env: dict[str, str], job: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        answer = agent(env, "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
+                       "--start-time", str(job["start_time"]))
+        if not answer["running"]:
+            return dict(answer)
+        time.sleep(0.05)
+    raise AssertionError("job did not end within 20 s")
+
+
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("Tesla V100-SXM2-32GB", "V100-32GB"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("NVIDIA L4", "L4"),
+    ],
+)
+def test_gpu_model_names_are_shortened(name: str, model: str) -> None:
+    assert short_model(name) == model
+
+
+def test_probe_without_driver_or_nvidia_smi_reports_no_gpus(node: dict[str, Any]) -> None:
+    answer = agent(node["env"], "probe")
+    assert answer["source"] == "none"
+    assert answer["gpus"] == []
+    assert answer["cpus"] >= 1 and answer["mem_gb"] > 0
+
+
+def test_probe_through_simulated_nvml(node: dict[str, Any]) -> None:
+    foreign = [{"gpu_index": 2, "pid": 4_100_001, "mem_mb": 2048, "name": "python"}]
+    node["state"].write_text(json.dumps(gpu_state(4, foreign)))
+    env = {**node["env"], "GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim",
+           "GPUSCHED_SIM_STATE": str(node["state"])}
+    answer = agent(env, "probe")
+    assert answer["source"] == "nvml"
+    assert (answer["cpus"], answer["mem_gb"]) == (32, 256)
+    gpus = answer["gpus"]
+    assert [g["model"] for g in gpus] == ["A100-80GB"] * 4
+    assert [g["uuid"] for g in gpus] == [g["uuid"] for g in gpu_state(4)["gpus"]]
+    assert [g["nvlink_peers"] for g in gpus] == [[1], [0], [3], [2]]
+    assert gpus[0]["mem_total_mb"] == 81920
+    assert gpus[2]["processes"] == [
+        {"pid": 4_100_001, "used_mem_mb": 2048, "name": "", "job_id": None}
+    ]
+    assert gpus[2]["mem_used_mb"] == 2048
+    assert gpus[0]["power_w"] == 55.0
+
+
+def test_probe_falls_back_to_nvidia_smi_csv(node: dict[str, Any]) -> None:
+    foreign = [{"gpu_index": 1, "pid": 4_100_002, "mem_mb": 1000, "name": "/usr/bin/python3"}]
+    state = gpu_state(4, foreign)
+    state["gpus"][3]["power_na"] = True
+    node["state"].write_text(json.dumps(state))
+    bindir = fake_gpu_bin(node["dir"])
+    env = {**node["env"], "PATH": f"{bindir}:/usr/bin:/bin",
+           "FAKE_NVIDIA_SMI_STATE": str(node["state"])}
+    answer = agent(env, "probe")
+    assert answer["source"] == "nvidia-smi"
+    gpus = answer["gpus"]
+    assert [(g["index"], g["model"], g["mem_total_mb"]) for g in gpus] == [
+        (i, "A100-80GB", 81920) for i in range(4)
+    ]
+    assert [g["nvlink_peers"] for g in gpus] == [[1], [0], [3], [2]]
+    assert gpus[1]["processes"] == [
+        {"pid": 4_100_002, "used_mem_mb": 1000, "name": "python3", "job_id": None}
+    ]
+    assert gpus[1]["mem_used_mb"] == 1000 and gpus[1]["util_pct"] == 87
+    assert gpus[0]["power_w"] == 55.25 and gpus[3]["power_w"] is None
+
+
+def test_job_processes_carry_their_job_id_and_others_do_not(node: dict[str, Any]) -> None:
+    bindir = fake_gpu_bin(node["dir"])
+    env = {**node["env"], "PATH": f"{bindir}:/usr/bin:/bin",
+           "FAKE_NVIDIA_SMI_STATE": str(node["state"])}
+    uuids = [g["uuid"] for g in gpu_state(4)["gpus"]]
+    job = agent(env, "launch", "--job-dir", str(node["dir"] / "job7"), "--gpus", uuids[0],
+                "--env", "GPUSCHED_JOB_ID=7", "--", "sleep", "30")
+    outsider = subprocess.Popen(["sleep", "30"], env={**env, "CUDA_VISIBLE_DEVICES": uuids[3]})
+    try:
+        gpus = agent(env, "probe")["gpus"]
+    finally:
+        outsider.kill()
+        outsider.wait()
+        agent(env, "kill", "--pgid", str(job["pgid"]), "--grace", "1")
+    assert [(p["pid"], p["job_id"]) for p in gpus[0]["processes"]] == [(job["pgid"], 7)]
+    assert [(p["pid"], p["job_id"]) for p in gpus[3]["processes"]] == [(outsider.pid, None)]
+    assert gpus[1]["processes"] == [] and gpus[2]["processes"] == []
+
+
+def test_launch_runs_detached_with_env_cwd_and_records_exit_code(node: dict[str, Any]) -> None:
+    workdir = node["dir"] / "work"
+    workdir.mkdir()
+    script = ("import os; print('cwd', os.getcwd());"
+              " print('cvd', os.environ['CUDA_VISIBLE_DEVICES']);"
+              " print('jpy', os.environ.get('JPY_PARENT_PID')); print('x', os.environ['X']);"
+              " print('sid', os.getsid(0) == os.getppid()); raise SystemExit(3)")
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j1"), "--cwd", str(workdir),
+                "--gpus", "GPU-a,GPU-b", "--env", "X=a b;c", "--", sys.executable, "-c", script)
+    assert job["pgid"] != job["pid"] and job["start_time"] > 0 and not job["reused"]
+    ended = wait_ended(node["env"], job)
+    assert ended["exit_code"] == 3 and ended["ended_at"].endswith("+00:00")
+    log = Path(job["log"]).read_text().splitlines()
+    assert log == [f"cwd {workdir}", "cvd GPU-a,GPU-b", "jpy None", "x a b;c", "sid True"]
+
+
+def test_launching_the_same_job_dir_twice_returns_the_first_launch(node: dict[str, Any]) -> None:
+    args = ["launch", "--job-dir", str(node["dir"] / "j2"), "--", "sleep", "30"]
+    first = agent(node["env"], *args)
+    second = agent(node["env"], *args)
+    agent(node["env"], "kill", "--pgid", str(first["pgid"]), "--grace", "1")
+    assert second["reused"] and second["pid"] == first["pid"]
+
+
+def test_a_missing_program_ends_with_127_and_says_why(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j3"), "--",
+                "no-such-program-xyz")
+    assert wait_ended(node["env"], job)["exit_code"] == 127
+    assert "cannot start 'no-such-program-xyz'" in Path(job["log"]).read_text()
+
+
+def test_kill_terms_the_group_and_the_wrapper_records_the_signal(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j4"), "--",
+                "sh", "-c", "sleep 30 & sleep 30; wait")
+    assert agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
+                 "--start-time", str(job["start_time"]))["running"]
+    result = agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "5",
+                   "--job-dir", job["job_dir"])
+    assert result == {"terminated": True, "killed": False}
+    assert wait_ended(node["env"], job)["exit_code"] == -15
+
+
+def test_kill_escalates_to_sigkill_after_the_grace_period(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j5"), "--",
+                "sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done")
+    deadline = time.monotonic() + 10
+    while b"ready" not in Path(job["log"]).read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    result = agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "0.3",
+                   "--job-dir", job["job_dir"])
+    assert result == {"terminated": True, "killed": True}
+    assert wait_ended(node["env"], job)["exit_code"] == -9
+
+
+def test_a_reused_pid_does_not_count_as_the_job(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j6"), "--", "sleep", "30")
+    wrong = agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
+                  "--start-time", str(job["start_time"] - 1))
+    agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "1")
+    assert wrong == {"running": False, "exit_code": None, "ended_at": None}
+
+
+def test_log_reads_from_an_offset_and_follow_streams_until_the_end(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j7"), "--",
+                "sh", "-c", "echo one; sleep 0.5; echo two")
+    # a follower stops at EOF on stdin (its SSH channel closed), so keep stdin open
+    with subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"], "--follow",
+         "--job-dir", job["job_dir"], "--pid", str(job["pid"]), "--start-time",
+         str(job["start_time"])],
+        env=node["env"], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+    ) as follower:
+        assert follower.stdout is not None
+        streamed = follower.stdout.read()
+    assert follower.returncode == 0
+    assert streamed == b"one\ntwo\n"
+    part = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"],
+         "--offset", "4", "--limit", "2"], env=node["env"], capture_output=True, check=True)
+    assert part.stdout == b"tw"
+
+
+def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
+    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j9"), "--",
+                "sh", "-c", "echo started; sleep 30")
+    closed = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"], "--follow",
+         "--job-dir", job["job_dir"], "--pid", str(job["pid"])],
+        env=node["env"], capture_output=True, timeout=30, input=b"",
+    )
+    still = agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]))
+    agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "1")
+    assert closed.returncode == 0 and still["running"]
+
+
+def test_errors_come_back_as_json(node: dict[str, Any]) -> None:
+    answer = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j8"), "--cwd",
+                   "/no/such/dir", "--", "true", check=False)
+    assert answer == {"error": "working directory /no/such/dir does not exist on this node"}
+    assert agent(node["env"], "kill", "--pgid", "1", check=False) == {
+        "error": "refusing to signal process group 1"
+    }
