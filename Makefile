@@ -8,9 +8,14 @@ SHARED_DATA ?= ../shared/data/openb
 
 .PHONY: demo test lint system-deps bench clean
 
-$(STAMP): pyproject.toml
+# The JupyterLab extension's sources: editing one re-runs the install, whose build hook
+# (hatch-jupyter-builder: jlpm install + build) rebuilds the panel into the venv.
+LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*)
+
+$(STAMP): pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	rm -rf jupyter_gpusched/labextension
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 

@@ -91,6 +91,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._version = 0
+        self._notified_key: tuple[Any, ...] = ()
         self._tick_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -655,26 +656,60 @@ class Scheduler:
         }
 
     async def _notify(self) -> None:
+        """Wake subscribers, but only when something they can see changed."""
+        key = (self.store.last_event_id(), _inventory_key(self._inventory))
+        if key == self._notified_key:
+            return
+        self._notified_key = key
         async with self._changed:
             self._version += 1
             self._changed.notify_all()
 
-    async def subscribe(self, *, after_id: int = 0) -> AsyncIterator[dict[str, Any]]:
-        """Stored events after ``after_id``, then new ones as they happen (resumable)."""
-        last = after_id
+    async def subscribe(
+        self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stored events after ``after_id`` (-1: only new ones), then new ones as they happen.
+
+        Resumable: a client that reconnects with the id of the last event it saw misses
+        nothing. Unless ``cluster_every_s`` is None, a ``cluster`` message with the whole
+        cluster view follows changes, at most once per ``cluster_every_s``.
+        """
+        last = self.store.last_event_id() if after_id < 0 else after_id
+        loop = asyncio.get_running_loop()
         seen_version = -1
+        cluster_key: object = None
+        cluster_at = -float("inf")
         while True:
-            for event in self.store.list_events(after_id=last, limit=500):
-                last = event.id
-                payload = event.model_dump(mode="json")
-                if event.job_id is not None:
-                    with contextlib.suppress(GpuSchedError):
-                        payload["job"] = self.job_view(self.store.get_job(event.job_id))
-                yield payload
             async with self._changed:
                 if self._version == seen_version:
                     await self._changed.wait()
                 seen_version = self._version
+            while True:
+                batch = self.store.list_events(after_id=last, limit=500)
+                for event in batch:
+                    last = event.id
+                    payload = event.model_dump(mode="json")
+                    if event.job_id is not None:
+                        with contextlib.suppress(GpuSchedError):
+                            payload["job"] = self.job_view(self.store.get_job(event.job_id))
+                    yield payload
+                if len(batch) < 500:
+                    break
+            if cluster_every_s is not None and cluster_key != self._notified_key:
+                wait_s = cluster_at + cluster_every_s - loop.time()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+                cluster_key, cluster_at = self._notified_key, loop.time()
+                yield {"id": None, "kind": "cluster", "at": self.clock.now().isoformat(),
+                       "job_id": None, "cluster": self.cluster_view()}
+
+
+def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
+    """What of the inventory a cluster view shows (up/down, memory, processes)."""
+    return tuple(
+        (n.name, n.up, tuple((g.index, round(g.mem_used_mb), len(g.processes)) for g in n.gpus))
+        for n in nodes
+    )
 
 
 def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:

@@ -314,3 +314,29 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.asyncio
+async def test_subscribers_get_stored_events_then_live_ones_and_cluster_views(
+    harness: Harness,
+) -> None:
+    first = harness.submit(command=py("pass"), gpus=1)
+    await harness.settle(first.id)
+    last_seen = harness.sched.store.list_events(job_id=first.id)[-1].id
+
+    stream = harness.sched.subscribe(after_id=last_seen, cluster_every_s=0.1)
+    second = harness.submit(command=py("pass"), gpus=1)
+    kinds: list[tuple[str, int | None]] = []
+
+    async def collect() -> None:
+        async for message in stream:
+            kinds.append((message["kind"], message["job_id"]))
+            if message["kind"] == "cluster":
+                assert {n["name"] for n in message["cluster"]["nodes"]} >= {"a100-0", "t4-0"}
+            if message.get("to_state") == "succeeded":
+                return
+
+    await asyncio.gather(collect(), harness.settle(second.id))
+    assert all(job_id in (None, second.id) for _, job_id in kinds)  # nothing before the resume
+    assert ("submitted", second.id) in kinds
+    assert ("cluster", None) in kinds

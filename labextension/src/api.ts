@@ -1,0 +1,211 @@
+/**
+ * REST client of `{base_url}gpusched/api/`, through Jupyter's ServerConnection (which adds
+ * the token and the XSRF header), and the events websocket with resume-after-reconnect.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { IApiError, ICluster, IEvent, IJob, IJobSpec } from './types';
+
+const API = 'gpusched/api';
+
+/** An API error with the server's advice on what to fix. */
+export class GpuschedApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly error: string,
+    message: string,
+    readonly field?: string
+  ) {
+    super(message);
+  }
+}
+
+/** REST calls the panel makes. */
+export class GpuschedClient {
+  readonly settings: ServerConnection.ISettings;
+
+  constructor(settings?: ServerConnection.ISettings) {
+    this.settings = settings ?? ServerConnection.makeSettings();
+  }
+
+  private url(path: string, query: Record<string, string | number> = {}): string {
+    const url = URLExt.join(this.settings.baseUrl, API, path);
+    const q = URLExt.objectToQueryString(query);
+    return url + q;
+  }
+
+  private async fetch(path: string, init: RequestInit = {}, query = {}): Promise<Response> {
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(this.url(path, query), init, this.settings);
+    } catch (err) {
+      throw new GpuschedApiError(0, 'NetworkError', `cannot reach the Jupyter server: ${err}`);
+    }
+    if (!response.ok) {
+      let body: Partial<IApiError> = {};
+      try {
+        body = await response.json();
+      } catch {
+        // not JSON: e.g. a 404 page when the server extension is not enabled
+      }
+      throw new GpuschedApiError(
+        response.status,
+        body.error ?? response.statusText,
+        body.message ?? `HTTP ${response.status} from ${path}`,
+        body.field
+      );
+    }
+    return response;
+  }
+
+  private async json<T>(path: string, init: RequestInit = {}, query = {}): Promise<T> {
+    return (await (await this.fetch(path, init, query)).json()) as T;
+  }
+
+  /** `GET cluster`: nodes, GPUs, metrics, the window in force. */
+  cluster(): Promise<ICluster> {
+    return this.json<ICluster>('cluster');
+  }
+
+  /** `GET jobs`: the newest `limit` jobs of everyone (the panel filters "mine" itself). */
+  async jobs(limit = 200): Promise<IJob[]> {
+    return (await this.json<{ jobs: IJob[] }>('jobs', {}, { limit })).jobs;
+  }
+
+  /**
+   * The user name the scheduler records for me: the owner of my newest job (`?user=me`),
+   * or null while I have none. It can differ from Jupyter's identity (a token-only server
+   * records its owner's login name, not the random anonymous identity).
+   */
+  async whoami(): Promise<string | null> {
+    const mine = await this.json<{ jobs: IJob[] }>('jobs', {}, { user: 'me', limit: 1 });
+    return mine.jobs[0]?.user ?? null;
+  }
+
+  /** `GET jobs/{id}`. */
+  job(id: number): Promise<IJob> {
+    return this.json<IJob>(`jobs/${id}`);
+  }
+
+  /** `POST jobs`: submit as the logged-in user. */
+  submit(spec: IJobSpec): Promise<IJob> {
+    return this.json<IJob>('jobs', { method: 'POST', body: JSON.stringify(spec) });
+  }
+
+  /** `DELETE jobs/{id}`: cancel. */
+  cancel(id: number): Promise<IJob> {
+    return this.json<IJob>(`jobs/${id}`, { method: 'DELETE' });
+  }
+
+  /** `DELETE leases/{id}`: release a lease. */
+  release(id: number): Promise<IJob> {
+    return this.json<IJob>(`leases/${id}`, { method: 'DELETE' });
+  }
+
+  /** `GET jobs/{id}/log` slice from `offset`; returns the text and the next offset. */
+  async log(id: number, offset: number): Promise<{ text: string; next: number }> {
+    const r = await this.fetch(`jobs/${id}/log`, {}, { offset, limit: 262144 });
+    const text = await r.text();
+    const next = Number(r.headers.get('X-Log-Offset') ?? offset + text.length);
+    return { text, next };
+  }
+
+  /**
+   * Stream a job's log (`?follow=1`) from `offset` until the job ends or `signal` aborts;
+   * `onText` gets each decoded chunk. Resolves with the number of bytes received.
+   */
+  async followLog(
+    id: number,
+    offset: number,
+    onText: (text: string) => void,
+    signal: AbortSignal
+  ): Promise<number> {
+    const r = await this.fetch(`jobs/${id}/log`, { signal }, { offset, follow: 1 });
+    if (!r.body) {
+      const text = await r.text();
+      onText(text);
+      return new TextEncoder().encode(text).length;
+    }
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let bytes = 0;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) {
+        break;
+      }
+      bytes += value.length;
+      onText(decoder.decode(value, { stream: true }));
+    }
+    onText(decoder.decode());
+    return bytes;
+  }
+
+  /** Websocket URL of `events`, resuming after `afterId`, with the token as Jupyter does. */
+  eventsUrl(afterId: number): string {
+    let url = URLExt.join(this.settings.wsUrl, API, 'events') + `?after=${afterId}`;
+    if (this.settings.token && this.settings.appendToken) {
+      url += `&token=${encodeURIComponent(this.settings.token)}`;
+    }
+    return url;
+  }
+}
+
+/** Connection state of the events websocket. */
+export type StreamStatus = 'connecting' | 'open' | 'retrying' | 'closed';
+
+/**
+ * The events websocket, reconnecting with backoff and resuming after the last event seen.
+ */
+export class EventStream {
+  private socket: WebSocket | null = null;
+  private retryMs = 500;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private closed = false;
+
+  constructor(
+    private readonly client: GpuschedClient,
+    private readonly lastId: () => number,
+    private readonly onEvent: (event: IEvent) => void,
+    private readonly onStatus: (status: StreamStatus) => void
+  ) {}
+
+  /** Connect (again). */
+  open(): void {
+    this.closed = false;
+    this.onStatus('connecting');
+    const WS = this.client.settings.WebSocket ?? WebSocket;
+    const socket = new WS(this.client.eventsUrl(this.lastId()));
+    this.socket = socket;
+    socket.onopen = () => {
+      this.retryMs = 500;
+      this.onStatus('open');
+    };
+    socket.onmessage = msg => {
+      try {
+        this.onEvent(JSON.parse(String(msg.data)) as IEvent);
+      } catch (err) {
+        console.warn('gpusched: bad event message', err);
+      }
+    };
+    socket.onclose = () => {
+      if (this.socket !== socket || this.closed) {
+        return;
+      }
+      this.onStatus('retrying');
+      this.timer = setTimeout(() => this.open(), this.retryMs);
+      this.retryMs = Math.min(this.retryMs * 2, 15000);
+    };
+  }
+
+  /** Disconnect for good. */
+  close(): void {
+    this.closed = true;
+    if (this.timer !== null) {
+      clearTimeout(this.timer);
+    }
+    this.socket?.close();
+    this.socket = null;
+    this.onStatus('closed');
+  }
+}

@@ -1,0 +1,219 @@
+/**
+ * The panel's live model: loads the cluster and jobs over REST, follows the events websocket,
+ * and signals changes and notices. All state changes go through the pure reducer.
+ */
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+import { EventStream, GpuschedApiError, GpuschedClient, StreamStatus } from './api';
+import {
+  applyEvent,
+  initialState,
+  INotice,
+  INoticeGate,
+  IPanelState,
+  noticeFor,
+  noticeGate,
+  touchesCluster,
+  withCluster,
+  withJobs
+} from './reducer';
+import { IEvent, IJob } from './types';
+
+/** How many recent jobs the panel loads. */
+export const JOB_LIMIT = 200;
+/** The map also refreshes on this period, for memory and utilisation figures. */
+const CLUSTER_POLL_MS = 10000;
+
+/** Loading, ready, or failed (with the server's advice in `error`). */
+export type LoadStatus = 'loading' | 'ready' | 'error';
+
+export class GpuschedModel implements IDisposable {
+  state: IPanelState = initialState();
+  status: LoadStatus = 'loading';
+  error: GpuschedApiError | null = null;
+  stream: StreamStatus = 'closed';
+
+  private _changed = new Signal<this, void>(this);
+  private _notice = new Signal<this, INotice>(this);
+  private _events: EventStream | null = null;
+  private _gate: INoticeGate | null = null;
+  private _poll: ReturnType<typeof setInterval> | null = null;
+  private _refreshTimer: ReturnType<typeof setTimeout> | null = null;
+  private _disposed = false;
+  private _retryMs = 1000;
+  private _retryTimer: ReturnType<typeof setTimeout> | null = null;
+
+  /** My user name as the scheduler records it (null until I own a job). */
+  private _me: string | null = null;
+  private _whoamiPending = false;
+
+  constructor(readonly client: GpuschedClient) {}
+
+  /** My user name as the scheduler records it, or null while unknown. */
+  me(): string | null {
+    return this._me;
+  }
+
+  /** Learn my name from a job I just submitted. */
+  claim(job: IJob): void {
+    if (this._me !== job.user) {
+      this._me = job.user;
+      this._changed.emit();
+    }
+  }
+
+  /** Emitted whenever anything the panel draws changed. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Emitted when one of my jobs finished, failed, was lost or preempted. */
+  get notice(): ISignal<this, INotice> {
+    return this._notice;
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  /** Load, then follow events. Safe to call again (Retry). */
+  async start(): Promise<void> {
+    if (this._retryTimer !== null) {
+      clearTimeout(this._retryTimer);
+      this._retryTimer = null;
+    }
+    if (this._disposed) {
+      return;
+    }
+    this.status = 'loading';
+    this.error = null;
+    this._changed.emit();
+    try {
+      const [cluster, jobs, me] = await Promise.all([
+        this.client.cluster(),
+        this.client.jobs(JOB_LIMIT),
+        this._me === null ? this.client.whoami() : Promise.resolve(this._me)
+      ]);
+      this._me = me;
+      this.state = withJobs(withCluster(this.state, cluster), jobs);
+      this._gate ??= noticeGate(jobs, JOB_LIMIT);
+      this.status = 'ready';
+    } catch (err) {
+      this.status = 'error';
+      this.error =
+        err instanceof GpuschedApiError ? err : new GpuschedApiError(0, 'Error', String(err));
+      this._changed.emit();
+      // A server still starting (503) or unreachable (0) is worth retrying by itself.
+      if (this.error.status === 503 || this.error.status === 0) {
+        this._retryMs = Math.min(this._retryMs * 2, 30000);
+        this._retryTimer = setTimeout(() => void this.start(), this._retryMs);
+      }
+      return;
+    }
+    this._retryMs = 1000;
+    this._changed.emit();
+    if (!this._events) {
+      this._events = new EventStream(
+        this.client,
+        () => this.state.lastEventId,
+        event => this.apply(event),
+        status => {
+          this.stream = status;
+          this._changed.emit();
+        }
+      );
+      this._events.open();
+    }
+    this._poll ??= setInterval(() => void this.refreshCluster(), CLUSTER_POLL_MS);
+  }
+
+  /** Apply one websocket event (public for tests and for local echoes). */
+  apply(event: IEvent): void {
+    const next = applyEvent(this.state, event);
+    if (next === this.state) {
+      return;
+    }
+    this.state = next;
+    if (this._me === null && event.kind === 'submitted') {
+      // A job from elsewhere (a %gpu magic, the CLI) may be mine: ask once who I am.
+      void this.learnMe();
+    }
+    const notice = this._gate ? noticeFor(event, this.me(), this._gate) : null;
+    if (touchesCluster(event)) {
+      this.scheduleClusterRefresh();
+    }
+    this._changed.emit();
+    if (notice) {
+      this._notice.emit(notice);
+    }
+  }
+
+  private async learnMe(): Promise<void> {
+    if (this._whoamiPending) {
+      return;
+    }
+    this._whoamiPending = true;
+    try {
+      const me = await this.client.whoami();
+      if (me !== null && this._me === null) {
+        this._me = me;
+        this._changed.emit();
+      }
+    } catch (err) {
+      console.warn('gpusched: who am I failed', err);
+    } finally {
+      this._whoamiPending = false;
+    }
+  }
+
+  /** Refresh the map soon; bursts of events cost one request. */
+  scheduleClusterRefresh(delayMs = 250): void {
+    if (this._refreshTimer !== null) {
+      return;
+    }
+    this._refreshTimer = setTimeout(() => {
+      this._refreshTimer = null;
+      void this.refreshCluster();
+    }, delayMs);
+  }
+
+  /** Fetch the map now. */
+  async refreshCluster(): Promise<void> {
+    if (this.status !== 'ready') {
+      return;
+    }
+    try {
+      this.state = withCluster(this.state, await this.client.cluster());
+      this._changed.emit();
+    } catch (err) {
+      console.warn('gpusched: cluster refresh failed', err);
+    }
+  }
+
+  /** Refresh one job after acting on it (the event will follow, this is quicker). */
+  async refreshJob(id: number): Promise<void> {
+    const job = await this.client.job(id);
+    const jobs = new Map(this.state.jobs);
+    jobs.set(id, job);
+    this.state = { ...this.state, jobs };
+    this._changed.emit();
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._events?.close();
+    if (this._poll !== null) {
+      clearInterval(this._poll);
+    }
+    if (this._refreshTimer !== null) {
+      clearTimeout(this._refreshTimer);
+    }
+    if (this._retryTimer !== null) {
+      clearTimeout(this._retryTimer);
+    }
+    Signal.clearData(this);
+  }
+}

@@ -1,0 +1,187 @@
+/**
+ * jupyter-gpusched for JupyterLab: the GPU cluster sidebar, job logs, "Submit to GPU queue"
+ * from the file browser and the notebook toolbar, and notifications about my jobs.
+ */
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  Dialog,
+  ICommandPalette,
+  MainAreaWidget,
+  Notification,
+  showDialog,
+  showErrorMessage,
+  ToolbarButton
+} from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { DisposableDelegate } from '@lumino/disposable';
+import { GpuschedClient } from './api';
+import { GpuschedModel } from './controller';
+import { formatClock } from './model';
+import { GpuschedPanel } from './panel';
+import { LogView } from './logview';
+import { buildNotebookJob, tonightIso } from './request';
+import { SubmitForm } from './submit';
+
+export * from './colors';
+
+const COMMANDS = {
+  open: 'gpusched:open-panel',
+  submit: 'gpusched:submit-notebook',
+  log: 'gpusched:open-log'
+};
+
+/** A GPU board: the panel's tab icon. */
+export const gpuIcon = new LabIcon({
+  name: 'jupyter-gpusched:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M2 6h18a2 2 0 0 1 2 2v8a2 2 0 0 1-2 2H6v2H4v-2H2zm4 3a3 3 0 1 0 0 6 3 3 0 0 0 0-6zm8 0' +
+    'a3 3 0 1 0 0 6 3 3 0 0 0 0-6zm-8 2a1 1 0 1 1 0 2 1 1 0 0 1 0-2zm8 0a1 1 0 1 1 0 2 1 1 0 0 1 0-2z"/></g></svg>'
+});
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-gpusched:plugin',
+  description: 'GPU cluster panel, job logs, batch notebook submission and job notifications.',
+  autoStart: true,
+  optional: [ILayoutRestorer, IDefaultFileBrowser, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    browser: IDefaultFileBrowser | null,
+    palette: ICommandPalette | null
+  ) => {
+    const client = new GpuschedClient(app.serviceManager.serverSettings);
+    const model = new GpuschedModel(client);
+    const logs = new Map<number, MainAreaWidget<LogView>>();
+
+    const openLog = (jobId: number) => {
+      let widget = logs.get(jobId);
+      if (!widget || widget.isDisposed) {
+        widget = new MainAreaWidget({ content: new LogView(client, jobId) });
+        widget.id = `gpusched-log-${jobId}`;
+        widget.title.label = `GPU job #${jobId}`;
+        widget.title.icon = gpuIcon;
+        logs.set(jobId, widget);
+        app.shell.add(widget, 'main', { mode: 'split-bottom' });
+      }
+      app.shell.activateById(widget.id);
+    };
+
+    const panel = new GpuschedPanel(model, openLog);
+    panel.title.icon = gpuIcon;
+    app.shell.add(panel, 'left', { rank: 900 });
+    restorer?.add(panel, 'gpusched-panel');
+    void model.start();
+
+    model.notice.connect((_, notice) => {
+      const actions = [{ label: 'Show log', callback: () => openLog(notice.jobId) }];
+      const autoClose = notice.level === 'success' ? 10000 : false;
+      Notification[notice.level](notice.message, { actions, autoClose });
+    });
+
+    app.commands.addCommand(COMMANDS.open, {
+      label: 'Show GPU Cluster',
+      caption: 'Open the GPU cluster panel',
+      icon: gpuIcon,
+      execute: () => app.shell.activateById(panel.id)
+    });
+
+    app.commands.addCommand(COMMANDS.log, {
+      label: args => (args.jobId ? `Show Log of GPU Job #${args.jobId}` : 'Show GPU Job Log'),
+      execute: args => openLog(Number(args.jobId))
+    });
+
+    /** The notebook selected in the file browser (the context menu acts on it). */
+    const selectedNotebook = (): string | null => {
+      const first = browser?.selectedItems().next();
+      if (!first || first.done) {
+        return null;
+      }
+      return first.value.type === 'notebook' ? first.value.path : null;
+    };
+
+    app.commands.addCommand(COMMANDS.submit, {
+      label: 'Submit to GPU Queue…',
+      caption: 'Run this notebook as a batch job on the GPU cluster',
+      icon: gpuIcon,
+      isEnabled: args => Boolean(args.path) || selectedNotebook() !== null,
+      execute: async args => {
+        const path = (args.path as string | undefined) ?? selectedNotebook();
+        if (!path) {
+          return;
+        }
+        const window = model.state.cluster?.window ?? null;
+        const tonight = tonightIso(window, Date.now());
+        const form = new SubmitForm(path, tonight ? formatClock(tonight, Date.now()) : null);
+        const answer = await showDialog({
+          title: 'Submit notebook to the GPU queue',
+          body: form,
+          buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })],
+          focusNodeSelector: 'input[name=gpus]'
+        });
+        if (!answer.button.accept || answer.value === null) {
+          return;
+        }
+        const choice = answer.value;
+        try {
+          if ('error' in choice) {
+            throw new Error(choice.error);
+          }
+          const spec = buildNotebookJob(
+            { path, serverRoot: PageConfig.getOption('serverRoot'), ...choice },
+            Date.now(),
+            window
+          );
+          const job = await client.submit(spec);
+          model.claim(job);
+          Notification.info(`Submitted ${path} as GPU job #${job.id}`, {
+            autoClose: 5000,
+            actions: [{ label: 'Show log', callback: () => openLog(job.id) }]
+          });
+          await model.refreshJob(job.id).catch(() => undefined);
+        } catch (err) {
+          await showErrorMessage('Could not submit the notebook', (err as Error).message);
+        }
+      }
+    });
+
+    app.contextMenu.addItem({
+      command: COMMANDS.submit,
+      selector: '.jp-DirListing-item[data-file-type="notebook"]',
+      rank: 20
+    });
+
+    app.docRegistry.addWidgetExtension('Notebook', new NotebookButton(app));
+
+    if (palette) {
+      palette.addItem({ command: COMMANDS.open, category: 'GPU Scheduler' });
+    }
+  }
+};
+
+/** The notebook toolbar button that submits the open notebook. */
+class NotebookButton implements DocumentRegistry.IWidgetExtension<
+  DocumentWidget,
+  DocumentRegistry.IModel
+> {
+  constructor(private readonly app: JupyterFrontEnd) {}
+
+  createNew(
+    widget: DocumentWidget,
+    context: DocumentRegistry.IContext<DocumentRegistry.IModel>
+  ): DisposableDelegate {
+    const button = new ToolbarButton({
+      className: 'jp-gpusched-submit-button',
+      icon: gpuIcon,
+      tooltip: 'Submit this notebook to the GPU queue',
+      onClick: () => void this.app.commands.execute(COMMANDS.submit, { path: context.path })
+    });
+    widget.toolbar.insertItem(10, 'gpusched-submit', button);
+    return new DisposableDelegate(() => button.dispose());
+  }
+}
+
+export default plugin;

@@ -1,0 +1,259 @@
+/**
+ * Pure view models of the panel: what each GPU cell and queue row shows.
+ *
+ * No DOM, no network, no clock (the time is passed in), so every rule here is unit-tested.
+ */
+import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
+import { ICluster, IGpu, IJob, INode, JobState } from './types';
+
+/** What one GPU cell of the map shows. */
+export interface IGpuCell {
+  key: string;
+  state: GpuState;
+  colour: string;
+  /** Used share of the GPU's memory, 0-100 (drawn as a fill from the bottom). */
+  memFillPct: number;
+  label: string;
+  /** Hover text: node, GPU, model, state, memory, utilisation, holders. */
+  title: string;
+}
+
+/** One node row of the map. */
+export interface INodeRow {
+  name: string;
+  up: boolean;
+  summary: string;
+  error: string | null;
+  cells: IGpuCell[];
+}
+
+/** Format a GB figure with one decimal unless it is whole. */
+export function formatGb(gb: number): string {
+  return Number.isInteger(gb) ? `${gb} GB` : `${gb.toFixed(1)} GB`;
+}
+
+/** The state a cell is drawn in: a GPU of a down node is down whatever it last reported. */
+export function gpuState(gpu: IGpu, nodeUp: boolean): GpuState {
+  if (!nodeUp) {
+    return 'down';
+  }
+  return isGpuState(gpu.state) ? gpu.state : 'foreign';
+}
+
+/** Used memory as a percentage of the total, clamped to 0-100 (0 when the total is unknown). */
+export function memFillPct(gpu: Pick<IGpu, 'mem_used_gb' | 'mem_total_gb'>): number {
+  if (!(gpu.mem_total_gb > 0) || !(gpu.mem_used_gb > 0)) {
+    return 0;
+  }
+  return Math.min(100, Math.max(0, Math.round((100 * gpu.mem_used_gb) / gpu.mem_total_gb)));
+}
+
+/** The view model of one GPU cell. */
+export function gpuCell(node: Pick<INode, 'name' | 'up'>, gpu: IGpu): IGpuCell {
+  const state = gpuState(gpu, node.up);
+  const lines = [
+    `${node.name} GPU ${gpu.index} · ${gpu.model} · ${GPU_STATE_LABELS[state]}`,
+    `memory ${formatGb(gpu.mem_used_gb)} / ${formatGb(gpu.mem_total_gb)}` +
+      (gpu.util_pct !== null && gpu.util_pct !== undefined ? ` · util ${gpu.util_pct}%` : '')
+  ];
+  for (const job of gpu.jobs ?? []) {
+    const share = job.share < 1 ? ` (${Math.round(job.share * 100)}% share)` : '';
+    lines.push(`job #${job.id} · ${job.user} · ${job.kind}${share}`);
+  }
+  return {
+    key: `${node.name}/${gpu.index}`,
+    state,
+    colour: GPU_STATE_COLOURS[state],
+    memFillPct: memFillPct(gpu),
+    label: String(gpu.index),
+    title: lines.join('\n')
+  };
+}
+
+/** The map's rows, one per node, in the server's order. */
+export function nodeRows(cluster: ICluster): INodeRow[] {
+  return cluster.nodes.map(node => {
+    const cells = node.gpus.map(gpu => gpuCell(node, gpu));
+    const free = cells.filter(c => c.state === 'free').length;
+    const model = node.gpus[0]?.model ?? 'no GPUs';
+    return {
+      name: node.name,
+      up: node.up,
+      summary: node.up ? `${free}/${cells.length} free · ${model}` : 'down',
+      error: node.error,
+      cells
+    };
+  });
+}
+
+/** `45s`, `12m 03s`, `3h 05m`, `2d 04h`: short and sortable by eye. */
+export function formatDuration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  const pad = (n: number) => String(n).padStart(2, '0');
+  if (s < 60) {
+    return `${s}s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  }
+  if (s < 86400) {
+    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  }
+  return `${Math.floor(s / 86400)}d ${pad(Math.floor((s % 86400) / 3600))}h`;
+}
+
+/** Seconds a job has run (until it finished, or until `nowMs`); null if it never started. */
+export function runtimeS(
+  job: Pick<IJob, 'started_at' | 'finished_at'>,
+  nowMs: number
+): number | null {
+  if (!job.started_at) {
+    return null;
+  }
+  const start = Date.parse(job.started_at);
+  const end = job.finished_at ? Date.parse(job.finished_at) : nowMs;
+  return Math.max(0, (end - start) / 1000);
+}
+
+/** A short display name: the given name, else the notebook or the command's script. */
+export function jobName(job: Pick<IJob, 'spec'>): string {
+  const spec = job.spec;
+  if (spec.name) {
+    return spec.name;
+  }
+  if (spec.notebook) {
+    return basename(spec.notebook);
+  }
+  if (spec.command && spec.command.length > 0) {
+    // `jupyter nbconvert ... nb.ipynb` and `python train.py` both read best by their file.
+    const file = [...spec.command].reverse().find(a => /\.(ipynb|py|sh)$/.test(a));
+    return basename(file ?? spec.command.join(' '));
+  }
+  return spec.kind;
+}
+
+function basename(path: string): string {
+  const parts = path.split('/');
+  return parts[parts.length - 1] || path;
+}
+
+/** What one queue row shows. */
+export interface IQueueRow {
+  id: number;
+  name: string;
+  user: string;
+  kind: string;
+  state: JobState;
+  /** `#3` while queued, else empty. */
+  position: string;
+  /** `a100-0: 0,1` once placed, else `—`. */
+  node: string;
+  /** `1 GPU`, `2 GPUs × 16 GB` or `0.5 GPU`. */
+  gpus: string;
+  runtime: string;
+  reason: string;
+  cancellable: boolean;
+  hasLog: boolean;
+}
+
+const CANCELLABLE: readonly JobState[] = ['queued', 'starting', 'running', 'preempted', 'lost'];
+
+/** The view model of one queue row, as seen by user `me` (null: unknown) at `nowMs`. */
+export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow {
+  const p = job.placement;
+  const spec = job.spec;
+  let gpus = `${spec.gpus} GPU${spec.gpus === 1 ? '' : 's'}`;
+  if (spec.gpu_share !== null && spec.gpu_share !== undefined && spec.gpu_share < 1) {
+    gpus = `${spec.gpu_share} GPU`;
+  } else if (spec.gpu_mem_gb && spec.gpus > 0) {
+    gpus += ` × ${formatGb(spec.gpu_mem_gb)}`;
+  }
+  const run = runtimeS(job, nowMs);
+  return {
+    id: job.id,
+    name: jobName(job),
+    user: job.user,
+    kind: spec.kind,
+    state: job.state,
+    position: job.state === 'queued' && job.position ? `#${job.position}` : '',
+    node: p ? `${p.node}: ${p.gpu_indices.join(',')}` : '—',
+    gpus,
+    runtime: run === null ? '' : formatDuration(run),
+    reason: job.held ? `held${job.reason ? ` · ${job.reason}` : ''}` : (job.reason ?? ''),
+    cancellable: CANCELLABLE.includes(job.state) && job.user === me,
+    hasLog: job.started_at !== null || job.state === 'running'
+  };
+}
+
+const STATE_ORDER: Record<JobState, number> = {
+  running: 0,
+  starting: 1,
+  queued: 2,
+  preempted: 3,
+  lost: 3,
+  failed: 4,
+  succeeded: 4,
+  cancelled: 4
+};
+
+/** Running first, then the queue in position order, then finished jobs newest first. */
+export function sortJobs(jobs: IJob[]): IJob[] {
+  return [...jobs].sort((a, b) => {
+    const byState = STATE_ORDER[a.state] - STATE_ORDER[b.state];
+    if (byState !== 0) {
+      return byState;
+    }
+    if (a.state === 'queued') {
+      return (a.position ?? 1e9) - (b.position ?? 1e9) || a.id - b.id;
+    }
+    return b.id - a.id;
+  });
+}
+
+/**
+ * Jobs of the queue tab: `mine` keeps `me`'s jobs (none while `me` is unknown: the server
+ * names its users, see GpuschedModel.me); leases are listed apart.
+ */
+export function queueJobs(jobs: Iterable<IJob>, scope: 'mine' | 'all', me: string | null): IJob[] {
+  const rows = [...jobs].filter(j => j.spec.kind !== 'lease' && (scope === 'all' || j.user === me));
+  return sortJobs(rows);
+}
+
+/** `me`'s live leases, newest first. */
+export function myLeases(jobs: Iterable<IJob>, me: string | null): IJob[] {
+  return [...jobs]
+    .filter(
+      j =>
+        j.spec.kind === 'lease' &&
+        j.user === me &&
+        (j.state === 'queued' || j.state === 'starting' || j.state === 'running')
+    )
+    .sort((a, b) => b.id - a.id);
+}
+
+/** Local `HH:MM` of an ISO time, with the weekday when it is not today. */
+export function formatClock(iso: string, nowMs: number): string {
+  const t = new Date(iso);
+  const now = new Date(nowMs);
+  const hm = t.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hour12: false });
+  if (t.toDateString() === now.toDateString()) {
+    return hm;
+  }
+  return `${t.toLocaleDateString([], { weekday: 'short' })} ${hm}`;
+}
+
+/** One line on the window in force: `day window until 20:00, then night`. */
+export function windowLine(window: ICluster['window'], nowMs: number): string {
+  if (!window) {
+    return 'no policy window';
+  }
+  const next = window.next_window ?? window.next;
+  let line = `${window.name} window`;
+  if (window.until) {
+    line += ` until ${formatClock(window.until, nowMs)}`;
+    if (next) {
+      line += `, then ${next}`;
+    }
+  }
+  return line;
+}

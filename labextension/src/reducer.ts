@@ -1,0 +1,123 @@
+/**
+ * The panel's state and how websocket events change it. Pure: `applyEvent(state, event)`
+ * returns a new state and never mutates its input, so replays and reconnects are safe.
+ */
+import { ICluster, IEvent, IJob, JobState } from './types';
+
+/** Everything the panel draws. */
+export interface IPanelState {
+  cluster: ICluster | null;
+  /** Jobs by id (the queue, leases and recently finished jobs). */
+  jobs: ReadonlyMap<number, IJob>;
+  /** Id of the last event applied; the websocket resumes with `?after=` this. */
+  lastEventId: number;
+}
+
+/** The state before anything has loaded. */
+export function initialState(): IPanelState {
+  return { cluster: null, jobs: new Map(), lastEventId: 0 };
+}
+
+/** Replace the job list with a fresh `GET jobs` answer (events since may already be in it). */
+export function withJobs(state: IPanelState, jobs: IJob[]): IPanelState {
+  return { ...state, jobs: new Map(jobs.map(j => [j.id, j])) };
+}
+
+/** Replace the cluster map with a fresh `GET cluster` answer. */
+export function withCluster(state: IPanelState, cluster: ICluster): IPanelState {
+  return { ...state, cluster };
+}
+
+/**
+ * Apply one event. Stored events carry an increasing `id`; one at or below `lastEventId`
+ * was already applied (a replay after reconnect) and is ignored. `cluster` messages may
+ * carry no id: they replace the map and never move `lastEventId`.
+ */
+export function applyEvent(state: IPanelState, event: IEvent): IPanelState {
+  const id = typeof event.id === 'number' ? event.id : null;
+  if (id !== null && id <= state.lastEventId) {
+    return state;
+  }
+  let next: IPanelState = id === null ? state : { ...state, lastEventId: id };
+  const cluster = event.cluster ?? (event.detail?.cluster as ICluster | undefined);
+  if (event.kind === 'cluster' && cluster && Array.isArray(cluster.nodes)) {
+    next = { ...next, cluster };
+  }
+  if (event.job) {
+    const jobs = new Map(next.jobs);
+    jobs.set(event.job.id, event.job);
+    next = { ...next, jobs };
+  } else if (typeof event.job_id === 'number' && event.to_state) {
+    const old = next.jobs.get(event.job_id);
+    if (old) {
+      const jobs = new Map(next.jobs);
+      jobs.set(old.id, { ...old, state: event.to_state, position: null });
+      next = { ...next, jobs };
+    }
+  }
+  return next;
+}
+
+/** True when an event may have changed which GPUs are held (the map should be refreshed). */
+export function touchesCluster(event: IEvent): boolean {
+  return event.kind === 'state' || event.kind === 'node' || event.kind === 'submitted';
+}
+
+/** A notification to show the user about one of their jobs. */
+export interface INotice {
+  jobId: number;
+  level: 'success' | 'error' | 'warning';
+  message: string;
+}
+
+/** What the panel knew when it loaded, so history replayed on connect stays quiet. */
+export interface INoticeGate {
+  /** State of each job in the first `GET jobs` answer. */
+  atLoad: ReadonlyMap<number, JobState>;
+  /** Jobs older than this were not loaded at all (history): never notify about them. */
+  oldestLoadedId: number;
+}
+
+const NOTICE_LEVEL: Partial<Record<JobState, INotice['level']>> = {
+  succeeded: 'success',
+  failed: 'error',
+  lost: 'error',
+  preempted: 'warning'
+};
+
+/**
+ * The notice for an event, if it tells `me` that one of their jobs finished, failed, was
+ * lost or preempted since the panel loaded. On connect the server replays old events, each
+ * with the job as it is now: those about a job already in that state at load are history.
+ */
+export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): INotice | null {
+  if (event.kind !== 'state' || !event.to_state || typeof event.job_id !== 'number') {
+    return null;
+  }
+  const level = NOTICE_LEVEL[event.to_state];
+  const job = event.job;
+  if (!level || !job || job.user !== me) {
+    return null;
+  }
+  if (job.id < gate.oldestLoadedId || gate.atLoad.get(job.id) === event.to_state) {
+    return null;
+  }
+  const name =
+    job.spec.name || job.spec.notebook || (job.spec.command ?? []).slice(-1)[0] || job.spec.kind;
+  let message = `GPU job #${job.id} (${name.split('/').pop()}) ${event.to_state}`;
+  if (event.to_state === 'failed' || event.to_state === 'lost') {
+    if (job.reason) {
+      message += `: ${job.reason}`;
+    } else if (job.exit_code !== null) {
+      message += `: exit code ${job.exit_code}`;
+    }
+  }
+  return { jobId: job.id, level, message };
+}
+
+/** The notice gate for a first `GET jobs` answer of at most `limit` jobs. */
+export function noticeGate(jobs: IJob[], limit: number): INoticeGate {
+  const atLoad = new Map(jobs.map(j => [j.id, j.state] as [number, JobState]));
+  const oldest = jobs.length >= limit ? Math.min(...jobs.map(j => j.id)) : 0;
+  return { atLoad, oldestLoadedId: oldest };
+}

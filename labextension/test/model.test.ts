@@ -1,0 +1,199 @@
+import { describe, expect, it } from 'vitest';
+import { GPU_STATE_COLOURS, GPU_STATES } from '../src/colors';
+import {
+  formatDuration,
+  gpuCell,
+  jobName,
+  memFillPct,
+  myLeases,
+  nodeRows,
+  queueJobs,
+  queueRow,
+  runtimeS,
+  windowLine
+} from '../src/model';
+import { cluster, gpu, job, node } from './fixtures';
+
+const NOW = Date.parse('2026-11-23T10:00:00Z');
+
+describe('colours', () => {
+  it('match the documented palette the notebook widget mirrors', () => {
+    expect(GPU_STATE_COLOURS).toEqual({
+      free: '#e0e0e0',
+      interactive: '#2e7d32',
+      batch: '#1565c0',
+      foreign: '#ef6c00',
+      down: '#c62828'
+    });
+    expect(GPU_STATES).toEqual(['free', 'interactive', 'batch', 'foreign', 'down']);
+  });
+});
+
+describe('gpuCell', () => {
+  it.each([
+    ['free', '#e0e0e0'],
+    ['interactive', '#2e7d32'],
+    ['batch', '#1565c0'],
+    ['foreign', '#ef6c00'],
+    ['down', '#c62828']
+  ])('draws a %s GPU in %s', (state, colour) => {
+    const cell = gpuCell({ name: 'a100-0', up: true }, gpu(3, { state }));
+    expect(cell.state).toBe(state);
+    expect(cell.colour).toBe(colour);
+    expect(cell.key).toBe('a100-0/3');
+  });
+
+  it('draws every GPU of a down node as down', () => {
+    const cell = gpuCell({ name: 'v100-0', up: false }, gpu(0, { state: 'batch' }));
+    expect(cell.state).toBe('down');
+    expect(cell.colour).toBe('#c62828');
+  });
+
+  it('treats an unknown state as foreign use rather than free', () => {
+    expect(gpuCell({ name: 'n', up: true }, gpu(0, { state: 'weird' })).state).toBe('foreign');
+  });
+
+  it('says who holds the GPU and how much memory is used on hover', () => {
+    const g = gpu(2, {
+      state: 'batch',
+      mem_used_gb: 20,
+      util_pct: 87,
+      jobs: [{ id: 7, user: 'bob', kind: 'script', share: 0.5 }]
+    });
+    const title = gpuCell({ name: 'a100-1', up: true }, g).title.split('\n');
+    expect(title).toEqual([
+      'a100-1 GPU 2 · A100 · batch',
+      'memory 20 GB / 80 GB · util 87%',
+      'job #7 · bob · script (50% share)'
+    ]);
+  });
+});
+
+describe('memFillPct', () => {
+  it.each([
+    [0, 80, 0],
+    [20, 80, 25],
+    [79.9, 80, 100],
+    [90, 80, 100],
+    [5, 0, 0],
+    [-1, 80, 0]
+  ])('%s of %s GB fills %s%%', (used, total, pct) => {
+    expect(memFillPct({ mem_used_gb: used, mem_total_gb: total })).toBe(pct);
+  });
+});
+
+describe('nodeRows', () => {
+  it('keeps the server order and counts free GPUs per node', () => {
+    const rows = nodeRows(
+      cluster([
+        node('a100-0', [gpu(0), gpu(1, { state: 'batch' })]),
+        node('t4-0', [gpu(0, { model: 'T4' })], { up: false, error: 'connection refused' })
+      ])
+    );
+    expect(rows.map(r => [r.name, r.summary, r.error])).toEqual([
+      ['a100-0', '1/2 free · A100', null],
+      ['t4-0', 'down', 'connection refused']
+    ]);
+    expect(rows[1].cells.map(c => c.state)).toEqual(['down']);
+  });
+});
+
+describe('formatDuration', () => {
+  it.each([
+    [0, '0s'],
+    [45.9, '45s'],
+    [60, '1m 00s'],
+    [723, '12m 03s'],
+    [3600 * 3 + 300, '3h 05m'],
+    [86400 * 2 + 3600 * 4, '2d 04h'],
+    [-5, '0s']
+  ])('%s s reads %s', (s, text) => {
+    expect(formatDuration(s)).toBe(text);
+  });
+});
+
+describe('queue rows', () => {
+  it('shows the queue position only while queued', () => {
+    expect(queueRow(job(1, { position: 3 }), NOW, 'alice').position).toBe('#3');
+    expect(queueRow(job(1, { state: 'running', position: 3 }), NOW, 'alice').position).toBe('');
+  });
+
+  it('counts runtime up to now while running and up to the end once finished', () => {
+    const running = job(1, { state: 'running', started_at: '2026-11-23T09:47:57Z' });
+    expect(runtimeS(running, NOW)).toBe(723);
+    expect(queueRow(running, NOW, 'alice').runtime).toBe('12m 03s');
+    const done = job(2, {
+      state: 'succeeded',
+      started_at: '2026-11-23T08:00:00Z',
+      finished_at: '2026-11-23T08:00:45Z'
+    });
+    expect(queueRow(done, NOW, 'alice').runtime).toBe('45s');
+    expect(queueRow(job(3), NOW, 'alice').runtime).toBe('');
+  });
+
+  it('names node and GPUs once placed', () => {
+    const row = queueRow(
+      job(1, {
+        state: 'running',
+        spec: { kind: 'script', command: ['python', 'train.py'], gpus: 2, gpu_mem_gb: 16 },
+        placement: { node: 'a100-0', gpu_indices: [0, 1], share_per_gpu: 0.2 }
+      }),
+      NOW,
+      'alice'
+    );
+    expect([row.node, row.gpus, row.name]).toEqual(['a100-0: 0,1', '2 GPUs × 16 GB', 'train.py']);
+    expect(queueRow(job(3), NOW, 'alice').gpus).toBe('1 GPU');
+    const shared = job(4, { spec: { kind: 'lease', gpus: 1, gpu_share: 0.25 } });
+    expect(queueRow(shared, NOW, 'alice').gpus).toBe('0.25 GPU');
+    expect(queueRow(job(2), NOW, 'alice').node).toBe('—');
+  });
+
+  it('lets only the owner cancel, and only live jobs', () => {
+    expect(queueRow(job(1), NOW, 'alice').cancellable).toBe(true);
+    expect(queueRow(job(1), NOW, 'bob').cancellable).toBe(false);
+    expect(queueRow(job(1, { state: 'succeeded' }), NOW, 'alice').cancellable).toBe(false);
+    expect(queueRow(job(1), NOW, null).cancellable).toBe(false);
+  });
+
+  it('says why a held job waits', () => {
+    expect(queueRow(job(1, { held: true, reason: 'quota' }), NOW, 'alice').reason).toBe(
+      'held · quota'
+    );
+  });
+
+  it('orders running, then queued by position, then finished newest first', () => {
+    const jobs = [
+      job(1, { state: 'succeeded' }),
+      job(2, { state: 'queued', position: 2 }),
+      job(3, { state: 'running' }),
+      job(4, { state: 'queued', position: 1 }),
+      job(5, { state: 'failed' }),
+      job(6, { state: 'running', spec: { kind: 'lease', gpus: 1 } }),
+      job(7, { state: 'queued', position: 3, user: 'bob' })
+    ];
+    expect(queueJobs(jobs, 'mine', 'alice').map(j => j.id)).toEqual([3, 4, 2, 5, 1]);
+    expect(queueJobs(jobs, 'all', 'alice').map(j => j.id)).toEqual([3, 4, 2, 7, 5, 1]);
+    expect(myLeases(jobs, 'alice').map(j => j.id)).toEqual([6]);
+    // Until the server has named me, nothing is "mine".
+    expect(queueJobs(jobs, 'mine', null)).toEqual([]);
+    expect(myLeases(jobs, null)).toEqual([]);
+  });
+
+  it('names a notebook run by nbconvert after the notebook', () => {
+    const spec = {
+      kind: 'script' as const,
+      gpus: 1,
+      command: ['jupyter', 'nbconvert', '--execute', '--output', 'x-1.ipynb', '/r/nb/train.ipynb']
+    };
+    expect(jobName({ spec })).toBe('train.ipynb');
+  });
+});
+
+describe('windowLine', () => {
+  it('names the window, its end and the next one', () => {
+    const w = { name: 'day', until: '2026-11-23T20:00:00+00:00', next_window: 'night' };
+    expect(windowLine(w, NOW)).toBe('day window until 20:00, then night');
+    expect(windowLine({ name: 'always' }, NOW)).toBe('always window');
+    expect(windowLine(null, NOW)).toBe('no policy window');
+  });
+});

@@ -1,0 +1,253 @@
+"""The JupyterLab panel, end to end: real ``jupyter lab``, embedded cluster, headless chromium.
+
+Every test saves a screenshot to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import _fixtures_lab
+import pytest
+from _fixtures_lab import (
+    SIM_NODES,
+    LabServer,
+    notebook,
+    open_lab,
+    screenshot,
+    show_sidebar,
+    start_lab,
+    stop_lab,
+)
+
+# The fixtures, made visible to this module's tests.
+chromium = _fixtures_lab.chromium
+lab_server = _fixtures_lab.lab_server
+lab_page = _fixtures_lab.lab_page
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+RUN_TIMEOUT_MS = 90_000
+#: Colours of src/colors.ts as the browser reports them.
+RGB = {
+    "free": "rgb(224, 224, 224)",
+    "batch": "rgb(21, 101, 192)",
+}
+
+
+def submit_from_file_browser(
+    page: Any, name: str, gpus: int, mem_gb: int | None = None, parameters: str = ""
+) -> int:
+    """Right-click ``name`` in the file browser, submit it, and return the new job's id."""
+    show_sidebar(page, "filebrowser")
+    item = page.locator(".jp-DirListing-item", has_text=name).first
+    item.wait_for(state="visible")
+    item.click(button="right")
+    page.locator(".lm-Menu-item", has_text="Submit to GPU Queue").click()
+    return fill_submit_dialog(page, gpus, mem_gb, parameters)
+
+
+def fill_submit_dialog(page: Any, gpus: int, mem_gb: int | None, parameters: str = "") -> int:
+    """Fill the submit dialog, press Submit, and return the job id the toast announces."""
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator("input[name=gpus]").fill(str(gpus))
+    if mem_gb is not None:
+        dialog.locator("input[name=gpu_mem_gb]").fill(str(mem_gb))
+    dialog.locator("textarea[name=parameters]").fill(parameters)
+    screenshot(page, "lab-submit-dialog")
+    dialog.locator(".jp-mod-accept").click()
+    toast = page.locator(".Toastify__toast", has_text="as GPU job #").last
+    toast.wait_for(state="visible")
+    match = re.search(r"GPU job #(\d+)", toast.inner_text())
+    assert match, toast.inner_text()
+    show_sidebar(page, "gpusched-panel")
+    return int(match.group(1))
+
+
+def queue_row(page: Any, job_id: int) -> Any:
+    return page.locator(
+        f'#gpusched-panel .jp-gpusched-queue .jp-gpusched-job-row[data-job-id="{job_id}"]'
+    )
+
+
+def test_panel_shows_every_node_and_gpu(lab_page: Any) -> None:
+    page = lab_page
+    page.wait_for_selector(".jp-gpusched-node")
+    nodes = page.locator("#gpusched-panel .jp-gpusched-node")
+    names = [nodes.nth(i).get_attribute("data-node") for i in range(nodes.count())]
+    assert names == list(SIM_NODES)
+    for name, gpus in SIM_NODES.items():
+        cells = page.locator(f'.jp-gpusched-node[data-node="{name}"] .jp-gpusched-gpu')
+        assert cells.count() == gpus
+    first = page.locator('.jp-gpusched-gpu[data-gpu="a100-0/0"]')
+    assert first.get_attribute("data-state") == "free"
+    assert first.evaluate("e => getComputedStyle(e).backgroundColor") == RGB["free"]
+    assert first.get_attribute("title").startswith("a100-0 GPU 0 · A100-80GB · free\nmemory ")
+    legend = page.locator(".jp-gpusched-legend").inner_text()
+    for word in ("free", "interactive", "batch", "foreign use", "down"):
+        assert word in legend
+    assert "22/22 GPUs free" in page.locator(".jp-gpusched-figures").inner_text()
+    assert re.search(r"\w+ window", page.locator(".jp-gpusched-window").inner_text())
+    assert "You have no jobs" in page.locator(".jp-gpusched-queue").inner_text()
+    page.wait_for_selector(".jp-gpusched-live.jp-mod-live")
+    screenshot(page, "lab-panel-cluster-map")
+
+
+def test_submitted_notebook_runs_finishes_and_notifies(
+    lab_page: Any, lab_server: LabServer
+) -> None:
+    page = lab_page
+    (lab_server.root / "hello.ipynb").write_text(
+        notebook('import time\nprint("hello from the GPU queue")\ntime.sleep(4)')
+    )
+    job_id = submit_from_file_browser(page, "hello.ipynb", gpus=2, mem_gb=8)
+
+    row = queue_row(page, job_id)
+    row.wait_for(state="visible")
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="running"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    # While it runs, its GPUs are drawn as batch on the map, live from the events.
+    page.wait_for_selector('.jp-gpusched-gpu[data-state="batch"]')
+    batch = page.locator('.jp-gpusched-gpu[data-state="batch"]')
+    assert batch.count() == 2
+    assert batch.first.evaluate("e => getComputedStyle(e).backgroundColor") == RGB["batch"]
+    assert f"job #{job_id}" in batch.first.get_attribute("title")
+    node = row.locator(".jp-gpusched-where").inner_text()
+    assert re.fullmatch(r"[a-z0-9-]+: \d+,\d+", node)
+    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 8 GB"
+    screenshot(page, "lab-panel-job-running")
+
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="succeeded"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    toast = page.locator(".Toastify__toast", has_text=f"GPU job #{job_id} (hello.ipynb) succeeded")
+    toast.wait_for(state="visible")
+    page.wait_for_timeout(800)  # let the toast finish sliding in, for the picture only
+    screenshot(page, "lab-panel-job-succeeded-notification")
+    page.wait_for_selector('.jp-gpusched-gpu[data-state="batch"]', state="detached")
+
+    toast.locator("button", has_text="Show log").click()
+    log = page.locator(f"#gpusched-log-{job_id}")
+    log.wait_for(state="visible")
+    page.wait_for_function(
+        "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-text`)"
+        "?.textContent.includes('hello.ipynb')",
+        arg=job_id,
+    )
+    header = log.locator(".jp-gpusched-log-header")
+    page.wait_for_function(
+        "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-header`)"
+        "?.dataset.state === 'succeeded'",
+        arg=job_id,
+    )
+    assert "exit code 0" in header.inner_text()
+    screenshot(page, "lab-job-log")
+    outputs = sorted(Path(lab_server.root).glob("hello-*.ipynb"))
+    assert len(outputs) == 1, "the executed notebook lands beside the input"
+    assert "hello from the GPU queue" in outputs[0].read_text()
+
+
+def test_cancel_a_running_job_from_the_notebook_toolbar(
+    lab_page: Any, lab_server: LabServer
+) -> None:
+    page = lab_page
+    (lab_server.root / "sleepy.ipynb").write_text(notebook("import time\ntime.sleep(600)"))
+    show_sidebar(page, "filebrowser")
+    page.locator(".jp-DirListing-item", has_text="sleepy.ipynb").first.dblclick()
+    button = page.locator(".jp-NotebookPanel-toolbar .jp-gpusched-submit-button")
+    button.wait_for(state="visible")
+    button.click()
+    job_id = fill_submit_dialog(page, gpus=1, mem_gb=None)
+
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="running"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    # Its log streams while it runs (nbconvert announces itself, then the cell sleeps).
+    queue_row(page, job_id).locator(".jp-gpusched-log-button").click()
+    page.wait_for_function(
+        "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-text`)"
+        "?.textContent.includes('Converting notebook')",
+        arg=job_id,
+    )
+    header = page.locator(f"#gpusched-log-{job_id} .jp-gpusched-log-header")
+    assert header.get_attribute("data-state") == "running"
+    screenshot(page, "lab-panel-before-cancel")
+    show_sidebar(page, "gpusched-panel")
+    queue_row(page, job_id).locator(".jp-gpusched-cancel").click()
+    page.locator(".jp-Dialog .jp-mod-accept", has_text="Cancel job").click()
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="cancelled"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    assert queue_row(page, job_id).locator(".jp-gpusched-cancel").count() == 0
+    assert lab_server.api(f"gpusched/api/jobs/{job_id}")["state"] == "cancelled"
+    # The log view sees its stream end and says how the job ended.
+    page.wait_for_function(
+        "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-header`)"
+        "?.dataset.state === 'cancelled'",
+        arg=job_id,
+    )
+    screenshot(page, "lab-panel-cancelled")
+
+
+def test_failed_notebook_raises_an_error_notification(lab_page: Any, lab_server: LabServer) -> None:
+    page = lab_page
+    (lab_server.root / "broken.ipynb").write_text(notebook('raise RuntimeError("no GPU luck")'))
+    job_id = submit_from_file_browser(page, "broken.ipynb", gpus=1)
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="failed"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    toast = page.locator(".Toastify__toast", has_text=f"GPU job #{job_id} (broken.ipynb) failed")
+    toast.wait_for(state="visible")
+    assert "exit code 1" in toast.inner_text()
+    assert toast.locator("button", has_text="Show log").is_visible()
+    page.wait_for_timeout(800)  # let the toast finish sliding in, for the picture only
+    screenshot(page, "lab-panel-job-failed-notification")
+
+
+def test_all_tab_lists_everyones_jobs(lab_page: Any, lab_server: LabServer) -> None:
+    page = lab_page
+    total = lab_server.api("gpusched/api/jobs")["total"]
+    page.locator('.jp-gpusched-tab[data-scope="all"]').click()
+    rows = page.locator("#gpusched-panel .jp-gpusched-queue .jp-gpusched-job-row")
+    rows.first.wait_for(state="visible")
+    assert rows.count() == total
+    screenshot(page, "lab-panel-all-jobs")
+
+
+def test_panel_says_how_to_enable_the_server_extension(chromium: Any, tmp_path: Path) -> None:
+    server = start_lab(
+        tmp_path,
+        server_config={"ServerApp": {"jpserver_extensions": {"jupyter_gpusched": False}}},
+        wait_for_cluster=False,
+    )
+    try:
+        page = open_lab(chromium, server)
+        error = page.locator("#gpusched-panel .jp-gpusched-error")
+        error.wait_for(state="visible")
+        assert "jupyter server extension enable jupyter_gpusched" in error.inner_text()
+        assert page.locator("#gpusched-panel .jp-gpusched-retry").is_visible()
+        screenshot(page, "lab-panel-extension-off")
+        page.context.close()
+    finally:
+        stop_lab(server)
+
+
+def test_parameters_reach_the_notebook(lab_page: Any, lab_server: LabServer) -> None:
+    page = lab_page
+    (lab_server.root / "sweep.ipynb").write_text(notebook('print(f"lr={lr} tag={tag}")'))
+    job_id = submit_from_file_browser(page, "sweep.ipynb", gpus=1, parameters="lr=0.25\ntag=a b")
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="succeeded"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    outputs = sorted(Path(lab_server.root).glob("sweep-*.ipynb"))
+    assert len(outputs) == 1
+    assert "lr=0.25 tag=a b" in outputs[0].read_text()
+    screenshot(page, "lab-panel-parameters-run")
