@@ -15,3 +15,10 @@ def load_ipython_extension(ipython: Any) -> None:
     from .magics import load_ipython_extension as _load
 
     _load(ipython)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """Where jupyter_server finds the extension app (imported only when the server loads it)."""
+    from .extension import GpuSchedApp
+
+    return [{"module": "jupyter_gpusched.extension", "app": GpuSchedApp}]

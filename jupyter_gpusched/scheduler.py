@@ -350,13 +350,17 @@ class Scheduler:
         return self.store.get_job(job_id)
 
     # ------------------------------------------------------------------ placing
-    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
+    def _empty_state(self) -> packer.ClusterState:
+        """The cluster with nothing placed, rebuilt only when the nodes' shapes change."""
         shapes = [_node_shape(n) for n in self._inventory if n.gpus or n.cpus]
         key = tuple(shapes)
         if self._base is None or key != self._base_key:
             self._base = packer.ClusterState.from_nodes(shapes)
             self._base_key = key
-        state = self._base.copy()
+        return self._base
+
+    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
+        state = self._empty_state().copy()
         index = {name: i for i, name in enumerate(state.node_names)}
         ours: dict[tuple[str, int], float] = {}
         jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
@@ -396,15 +400,16 @@ class Scheduler:
             self.policy.fairshare_half_life_s, now,
         )
         order = policy.order_queue(queued, usage, now, active.window)
+        by_id = {job.id: job for job in queued}
         self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
         for job_id, reason in order.skipped.items():
-            self._set_reason(job_id, reason)
+            self._set_reason(by_id[job_id], reason)
         ctx = self._admission_context(now, active, state)
         head: policy.Reservation | None = None
         for job in order.jobs:
             admission = policy.admit(job, ctx)
             if not admission.ok:
-                self._set_reason(job.id, admission.reason)
+                self._set_reason(job, admission.reason)
                 continue
             reply = packer.pack(state, _request(job.spec), policy=self.packer_policy)
             if head is not None and reply.node is not None:
@@ -412,14 +417,14 @@ class Scheduler:
                     job, head, now, self._estimate(job), node=reply.node_name
                 )
                 if not backfill.ok:
-                    self._set_reason(job.id, backfill.reason)
+                    self._set_reason(job, backfill.reason)
                     continue
             if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
                 if active.window.preempt_batch and await self._preempt_for(job, state):
-                    self._set_reason(job.id, "waiting: batch jobs are being preempted for it")
+                    self._set_reason(job, "waiting: batch jobs are being preempted for it")
                     continue
             if reply.node is None:
-                self._set_reason(job.id, f"waiting: no room ({reply.reason})")
+                self._set_reason(job, f"waiting: no room ({reply.reason})")
                 if head is None:
                     head = self._reserved_start(job, now, state)
                 continue
@@ -525,18 +530,17 @@ class Scheduler:
             job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
         )
 
-    def _set_reason(self, job_id: int, reason: str | None) -> None:
-        job = self.store.get_job(job_id)
+    def _set_reason(self, job: Job, reason: str | None) -> None:
+        """Record why a queued job waits; written only when the reason changes."""
         if job.reason != reason:
-            self.store.update_job(job_id, reason=reason, event="waiting")
+            with contextlib.suppress(ConflictError):
+                self.store.update_job(job.id, reason=reason, event="waiting")
 
     # ------------------------------------------------------------------ API actions
     def submit(self, spec: JobSpec) -> Job:
         """Queue a job; refuse at once a request no node could ever hold."""
         if self._inventory:
-            state, _ = self._cluster_state()
-            empty = packer.ClusterState.from_nodes(state.shapes)
-            reply = packer.pack(empty, _request(spec), policy="first_fit")
+            reply = packer.pack(self._empty_state(), _request(spec), policy="first_fit")
             if reply.node is None and not reply.feasible_ever:
                 raise InfeasibleError(f"this job can never fit: {reply.reason}")
         if spec.kind not in self.commands:

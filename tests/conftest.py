@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_gpusched.clock import ManualClock
 
-pytest_plugins = ["_fixtures_postgres"]
+pytest_plugins = ["pytest_jupyter.jupyter_server", "_fixtures_server", "_fixtures_postgres"]
 
 
 @pytest.fixture

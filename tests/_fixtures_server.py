@@ -1,0 +1,261 @@
+"""A live Jupyter server with jupyter-gpusched on a small embedded simulated cluster.
+
+Two ways to get one:
+
+- in-process (pytest-jupyter): ``gpusched`` gives an :class:`ApiClient` around ``jp_fetch``;
+  request ``jp_server_config`` from here (a test module re-exports it) for the extension's
+  config, a header-driven identity provider (``X-Test-User``) and ``admin`` as an admin.
+- out of process: :class:`ServerProcess` runs ``jupyter server`` in a subprocess, for clients
+  that block (the CLI, schemathesis) and for restarts.
+
+Import the fixtures into a test module (``from _fixtures_server import gpusched, ...``) or
+list ``_fixtures_server`` in conftest's ``pytest_plugins``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_server.auth.identity import IdentityProvider, User
+from tornado.httpclient import HTTPClientError, HTTPResponse
+from traitlets.config import Config
+
+TOKEN_USER_HEADER = "X-Test-User"
+TEST_NODES = [
+    {"name": "g0", "gpu_model": "A100-80GB", "gpu_mem_gb": 80, "gpus": 4, "cpus": 32,
+     "mem_gb": 256},
+    {"name": "g1", "gpu_model": "T4", "gpu_mem_gb": 16, "gpus": 2, "cpus": 8, "mem_gb": 64},
+]
+
+
+class HeaderIdentityProvider(IdentityProvider):
+    """Token auth as usual; the user's name comes from a header, as a hub would say it.
+
+    Requests without the header are ``alice``.
+    """
+
+    async def get_user(self, handler: Any) -> User | None:  # type: ignore[override]
+        user = await self._get_user(handler)
+        if user is None:
+            return None
+        name = handler.request.headers.get(TOKEN_USER_HEADER, "alice")
+        return User(username=name, name=name, display_name=name)
+
+
+def extension_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """``GpuSchedApp`` settings for a fast test server on its own store and sim directory."""
+    return {
+        "store_url": f"sqlite:///{tmp_path / 'gpusched.db'}",
+        "sim_dir": "",
+        "sim_nodes": TEST_NODES,
+        "tick_interval_s": 0.05,
+        "poll_interval_s": 0.05,
+        "inventory_interval_s": 5.0,
+        "admin_users": ["admin"],
+        **overrides,
+    }
+
+
+@pytest.fixture
+def gpusched_overrides() -> dict[str, Any]:
+    """Per-module extra ``GpuSchedApp`` settings (override this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(tmp_path: Path, gpusched_overrides: dict[str, Any]) -> Config:
+    """Server config: our extension on, header identities, fast ticks, a 2-node sim."""
+    return Config(
+        {
+            "ServerApp": {
+                "jpserver_extensions": {"jupyter_gpusched": True},
+                "identity_provider_class": HeaderIdentityProvider,
+                "reraise_server_extension_failures": True,
+            },
+            "GpuSchedApp": extension_config(tmp_path, **gpusched_overrides),
+        }
+    )
+
+
+class ApiClient:
+    """``jp_fetch`` shaped as the API: one method per route, JSON in and out."""
+
+    def __init__(self, fetch: Any, user: str = "alice") -> None:
+        self._fetch = fetch
+        self.user = user
+
+    def as_user(self, user: str) -> ApiClient:
+        """The same server, another identity."""
+        return ApiClient(self._fetch, user)
+
+    async def request(
+        self, method: str, *path: str, body: Any = None, params: dict[str, Any] | None = None,
+        raw_body: bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> HTTPResponse:
+        """Any request; HTTP errors come back as responses, not exceptions."""
+        data = raw_body if raw_body is not None else (
+            json.dumps(body).encode() if body is not None else None
+        )
+        if data is None and method in ("POST", "PATCH", "PUT"):
+            data = b""
+        hdrs = {TOKEN_USER_HEADER: self.user, **(headers or {})}
+        try:
+            return await self._fetch(
+                "gpusched", "api", *path, method=method, body=data, params=params or {},
+                headers=hdrs, allow_nonstandard_methods=True,
+            )
+        except HTTPClientError as err:
+            assert err.response is not None, err
+            return err.response
+
+    async def json(self, method: str, *path: str, expect: int = 200, **kw: Any) -> Any:
+        """A request whose answer must have status ``expect``; its JSON body."""
+        resp = await self.request(method, *path, **kw)
+        assert resp.code == expect, (resp.code, resp.body)
+        return json.loads(resp.body)
+
+    async def submit(self, expect: int = 201, **spec: Any) -> dict[str, Any]:
+        """POST jobs."""
+        return await self.json("POST", "jobs", body=spec, expect=expect)
+
+    async def get(self, job_id: int) -> dict[str, Any]:
+        """GET jobs/{id}."""
+        return await self.json("GET", "jobs", str(job_id))
+
+    async def wait_state(self, job_id: int, *states: str, timeout_s: float = 20.0) -> dict:
+        """Poll until the job is in one of ``states``."""
+        import asyncio
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = await self.get(job_id)
+            if job["state"] in states:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} stayed {job['state']}, wanted {states}")
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def gpusched(jp_serverapp: Any, jp_fetch: Any, jp_asyncio_loop: Any) -> ApiClient:
+    """The API of a started extension (pytest-jupyter does not run the server's start hooks)."""
+    manager = jp_serverapp.extension_manager
+    jp_asyncio_loop.run_until_complete(manager.start_extension("jupyter_gpusched"))
+    assert "gpusched" in jp_serverapp.web_app.settings, "the scheduler did not start"
+    return ApiClient(jp_fetch)
+
+
+def script(code: str) -> list[str]:
+    """argv of a Python one-liner job (the sim runs real local processes)."""
+    return [sys.executable, "-c", code]
+
+
+# ---------------------------------------------------------------------------- subprocess
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``jupyter server`` in a subprocess with our extension, on its own Jupyter dirs."""
+
+    def __init__(self, root: Path, *, token: str = "test-token", **overrides: Any) -> None:
+        self.root = root
+        self.token = token
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(root / "config"),
+            "JUPYTER_DATA_DIR": str(root / "data"),
+            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+        }
+        for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN"):
+            self.env.pop(key, None)
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        config = {
+            "ServerApp": {
+                # only ours: the others installed here (lab, lsp, ...) cost seconds to load
+                "jpserver_extensions": {
+                    "jupyter_gpusched": True, "jupyterlab": False, "jupyter_lsp": False,
+                    "notebook_shim": False, "notebook": False, "jupyter_server_terminals": False,
+                },
+                "allow_root": True,
+                "port": self.port,
+                "ip": "127.0.0.1",
+                "open_browser": False,
+                "root_dir": str(root),
+                "reraise_server_extension_failures": True,
+            },
+            "IdentityProvider": {"token": token},
+            "GpuSchedApp": extension_config(root, **overrides),
+        }
+        (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> ServerProcess:
+        """Start and wait until the scheduler answers."""
+        with open(self.root / "server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyter_server"], env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.root,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                req = urllib.request.Request(
+                    self.url + "gpusched/api/jobs?limit=1",
+                    headers={"Authorization": f"token {self.token}"},
+                )
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server did not answer within {timeout_s}s:\n{self.log_text()}")
+
+    def stop(self, timeout_s: float = 30.0, sig: int = signal.SIGTERM) -> int | None:
+        """SIGTERM (a clean shutdown; SIGKILL for a crash), then wait; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code, self.proc = self.proc.returncode, None
+        return code
+
+    def log_text(self) -> str:
+        """What the server printed."""
+        path = self.root / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Any:
+    """A started subprocess server; stopped (and its sim jobs killed) afterwards."""
+    server = ServerProcess(tmp_path).start()
+    yield server
+    server.stop()

@@ -1,0 +1,204 @@
+"""``jupyter gpusched submit|queue|cancel|logs|nodes`` and the client against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jupyter_gpusched import cli
+from jupyter_gpusched.cli_client import format_cluster
+from jupyter_gpusched.client import ApiError, GpuSchedClient, find_server
+
+pytest_plugins = ["_fixtures_server"]
+
+FAR_FUTURE = "2099-01-01T00:00:00+00:00"
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One server for the module (each test cleans up the jobs it leaves running)."""
+    from _fixtures_server import ServerProcess
+
+    server = ServerProcess(tmp_path_factory.mktemp("cli")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def discovered(module_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CLI sees the server only through the running-server files, as `jupyter server list`."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", module_server.env["JUPYTER_RUNTIME_DIR"])
+    monkeypatch.delenv("GPUSCHED_URL", raising=False)
+    monkeypatch.delenv("GPUSCHED_TOKEN", raising=False)
+    return module_server
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def wait_state(client: GpuSchedClient, job_id: int, *states: str) -> dict:
+    deadline = time.monotonic() + 30
+    while (job := client.get_job(job_id))["state"] not in states:
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    return job
+
+
+def test_submit_queue_logs_and_cancel_through_the_discovered_server(
+    discovered: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "submit", "--gpus", "2", "--mem", "16G", "--name", "hello",
+                         "--", sys.executable, "-c", "print('hi from job')")
+    assert (code, err) == (0, "")
+    assert out.startswith("submitted job ") and "(queued" in out
+    ran = out.split()[2]
+    client = GpuSchedClient(discovered.url, discovered.token)
+    job = wait_state(client, int(ran), "succeeded")
+    assert job["spec"]["gpus"] == 2 and job["spec"]["gpu_mem_gb"] == 16
+    assert job["spec"]["command"][1:] == ["-c", "print('hi from job')"]
+
+    assert run(capsys, "logs", ran) == (0, "hi from job\n", "")
+    assert run(capsys, "logs", ran, "-f") == (0, "hi from job\n", "")
+
+    code, out, _ = run(capsys, "submit", "--at", FAR_FUTURE, "--", "true")
+    waits = out.split()[2]
+    code, out, _ = run(capsys, "queue")
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["ID", "USER", "KIND", "STATE"]
+    assert [r.split()[:4][::3] for r in rows] == [[waits, "queued"]]
+    code, out, _ = run(capsys, "queue", "--all")
+    assert {ran, waits} <= {r.split()[0] for r in out.splitlines()[1:]}
+
+    assert run(capsys, "cancel", waits) == (0, f"job {waits} cancelled\n", "")
+    code, out, err = run(capsys, "cancel", waits)
+    assert code == 1 and out == ""
+    assert err.startswith(f"jupyter gpusched cancel: job {waits} already cancelled")
+    assert err.count("\n") == 1
+
+
+def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
+    discovered: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = GpuSchedClient(discovered.url, discovered.token)
+    job = client.submit(kind="script", command=["sleep", "30"], gpus=2, gpu_models=["T4"])
+    wait_state(client, job["id"], "running")
+    code, out, _ = run(capsys, "nodes")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0].split() == ["g0", "A100-80GB", "[....]", "4/4", "free", "up"]
+    assert lines[1].split() == ["g1", "T4", "[BB]", "0/2", "free", "up"]
+    assert "legend" in lines[2] and "1 running" in lines[3]
+    client.cancel(job["id"])
+
+
+def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
+    def gpu(state: str, share: float = 0.0) -> dict:
+        return {"index": 0, "uuid": "u", "model": "T4", "state": state, "share_used": share,
+                "jobs": []}
+
+    cluster = {
+        "nodes": [
+            {"name": "n0", "up": True, "gpus": [gpu("interactive", 0.5), gpu("batch", 1.0),
+                                                gpu("foreign"), gpu("free")]},
+            {"name": "n1", "up": False, "error": "unreachable", "gpus": [gpu("down")]},
+        ],
+        "metrics": {"gpus_free": 1, "gpus_total": 5, "largest_placeable_gpus": 1,
+                    "frag_ratio": 0.25},
+        "queue": {"queued": 3, "running": 2},
+        "window": {"name": "day", "until": "20:00", "next": "night"},
+    }
+    lines = format_cluster(cluster).splitlines()
+    assert lines[0].split() == ["n0", "T4", "[iBF.]", "1/4", "free", "up"]
+    assert lines[1].split() == ["n1", "T4", "[x]", "0/1", "free", "DOWN", "unreachable"]
+    assert lines[3] == ("gpus: 1/5 free, largest placeable job 1 GPUs, fragmentation 0.25; "
+                        "queue: 3 queued, 2 running")
+    assert lines[4] == "window: day until 20:00, then night"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["submit", "--gpus", "2"], "give the command to run after --"),
+        (["submit", "--gpus", "two", "--", "x"], "invalid int value"),
+        (["submit", "--mem", "lots", "--", "x"], "write it like 16G"),
+        (["submit", "--at", "2026-11-23T22:00", "--", "x"], "needs a timezone"),
+        (["submit", "--env", "NOVALUE", "--", "x"], "NAME=VALUE"),
+        (["logs"], "required"),
+        (["cancel", "x"], "invalid int value"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_before_any_server_is_asked(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert message in err and err.count("\n") == 1
+
+
+def test_api_and_connection_errors_exit_1_with_one_line(
+    discovered: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run(capsys, "submit", "--gpus", "64", "--", "x")
+    assert code == 1 and "never fit" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "logs", "999")
+    assert code == 1 and "job 999" in err
+    code, _, err = run(capsys, "queue", "--url", discovered.url, "--token", "wrong")
+    assert code == 1 and "token" in err
+    code, _, err = run(capsys, "nodes", "--url", "http://127.0.0.1:9/")
+    assert code == 1 and "cannot reach http://127.0.0.1:9/" in err
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(discovered.root / "empty"))
+    code, _, err = run(capsys, "queue")
+    assert code == 1 and "no running Jupyter server with jupyter-gpusched found" in err
+
+
+def test_environment_names_the_server_before_discovery(
+    discovered: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUSCHED_URL", "http://127.0.0.1:9/base")
+    monkeypatch.setenv("GPUSCHED_TOKEN", "from-env")
+    info = find_server()
+    assert (info.url, info.token) == ("http://127.0.0.1:9/base/", "from-env")
+    assert find_server("http://h:1", "t").url == "http://h:1/"
+    monkeypatch.delenv("GPUSCHED_URL")
+    assert find_server() == find_server(discovered.url, discovered.token)
+
+
+def test_client_covers_every_route(discovered: Any) -> None:
+    client = GpuSchedClient.discover()
+    job = client.submit({"kind": "script", "command": ["true"]}, not_before=FAR_FUTURE)
+    mine = client.list_jobs(state=["queued"], user="me")["jobs"]
+    assert [j["id"] for j in mine] == [job["id"]]
+    assert client.update(job["id"], held=True, priority="interactive")["held"] is True
+    assert client.leases() == [] and client.leases(user="me") == []
+    assert client.cluster()["metrics"]["gpus_total"] == 6
+    assert client.policy(at="2026-11-24T03:00:00+00:00")["explanation"]
+    assert client.cancel(job["id"])["state"] == "cancelled"
+    with pytest.raises(ApiError) as err:
+        client.release(job["id"])
+    assert (err.value.status, err.value.error) == (404, "NotFoundError")
+
+    done = client.submit(kind="script", command=[sys.executable, "-c", "print('x' * 3)"])
+    assert client.wait(done["id"], timeout_s=30)["state"] == "succeeded"
+    assert client.read_log(done["id"], offset=1) == (b"xx\n", 4)
+    assert b"".join(client.follow_log(done["id"])) == b"xxx\n"
+
+    async def events_of_job() -> list[dict]:
+        seen = []
+        async for event in client.events(after=0):
+            if event["job_id"] == job["id"]:
+                seen.append(event)
+            if event.get("to_state") == "cancelled" and event["job_id"] == job["id"]:
+                return seen
+        raise AssertionError("the events websocket closed")
+
+    events = asyncio.run(asyncio.wait_for(events_of_job(), 30))
+    assert events[0]["kind"] == "submitted" and events[0]["job"]["id"] == job["id"]
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
