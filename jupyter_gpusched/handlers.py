@@ -23,7 +23,13 @@ from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 from tornado.iostream import StreamClosedError
 
-from .exceptions import BadRequestError, GpuSchedError, InvalidSpecError, NotFoundError
+from .exceptions import (
+    BadRequestError,
+    ForbiddenError,
+    GpuSchedError,
+    InvalidSpecError,
+    NotFoundError,
+)
 from .models import JobKind, JobState, PriorityClass, parse_spec
 
 AUTH_RESOURCE = "gpusched"
@@ -263,7 +269,11 @@ class LogHandler(ApiHandler):
         """``?offset=&limit=`` for a slice; ``?follow=1`` streams (chunked) until the end."""
         sched = await self.scheduler()
         jid = _job_id(job_id)
-        sched.get_job(jid)  # 404 before any byte is sent
+        job = sched.get_job(jid)  # 404 before any byte is sent
+        if job.user != self.username and not self.is_admin():
+            raise ForbiddenError(
+                f"job {jid} belongs to {job.user}; only its owner or an admin may read its log"
+            )
         offset = self.query_int("offset", 0, 0, _MAX_OFFSET)
         limit = self.query_int("limit", 65536, 1, MAX_LOG_CHUNK)
         follow = self.query_bool("follow")

@@ -18,7 +18,9 @@ from typing import Any
 from . import packer, policy
 from .clock import Clock
 from .cluster import Backend, JobStatus, NodeInventory
+from .events import EventHub
 from .exceptions import ConflictError, ForbiddenError, GpuSchedError, InfeasibleError
+from .inventory import build_state, node_shape, pack_request
 from .models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -89,9 +91,8 @@ class Scheduler:
         self._positions: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._changed = asyncio.Condition()
-        self._version = 0
-        self._notified_key: tuple[Any, ...] = ()
+        self.events = EventHub(self.store, self.clock, cluster=self.cluster_view,
+                               job=lambda j: self.job_view(j))
         self._tick_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -352,7 +353,7 @@ class Scheduler:
     # ------------------------------------------------------------------ placing
     def _empty_state(self) -> packer.ClusterState:
         """The cluster with nothing placed, rebuilt only when the nodes' shapes change."""
-        shapes = [_node_shape(n) for n in self._inventory if n.gpus or n.cpus]
+        shapes = [node_shape(n) for n in self._inventory if n.gpus or n.cpus]
         key = tuple(shapes)
         if self._base is None or key != self._base_key:
             self._base = packer.ClusterState.from_nodes(shapes)
@@ -360,34 +361,9 @@ class Scheduler:
         return self._base
 
     def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
-        state = self._empty_state().copy()
-        index = {name: i for i, name in enumerate(state.node_names)}
-        ours: dict[tuple[str, int], float] = {}
         jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        for job in jobs:
-            if job.placement is None or job.placement.node not in index:
-                continue
-            try:
-                state.allocate(job.placement, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
-            except GpuSchedError:  # inventory shrank under a running job; keep counting it
-                log.warning("gpusched: job %s no longer fits its recorded placement", job.id)
-            for g in job.placement.gpu_indices:
-                ours[(job.placement.node, g)] = job.placement.share_per_gpu
-        for node in self._inventory:
-            if node.name not in index:
-                continue
-            i = index[node.name]
-            state.set_node_up(i, node.up and not self._node_down(node.name))
-            for gpu in node.gpus:
-                foreign_mb = sum(p.used_mem_mb for p in gpu.processes if p.foreign)
-                if not any(p.foreign for p in gpu.processes):
-                    continue
-                if (node.name, gpu.index) not in ours:
-                    # Someone else is on this GPU: do not share it with them at all.
-                    state.occupy_foreign(i, gpu.index, 1.0)
-                elif gpu.mem_total_mb > 0:
-                    state.occupy_foreign(i, gpu.index, foreign_mb / gpu.mem_total_mb)
-        return state, index
+        state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
+        return state, dict(state.index)
 
     async def _schedule(self, now: datetime, active: policy.ActiveWindow) -> None:
         queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
@@ -411,7 +387,7 @@ class Scheduler:
             if not admission.ok:
                 self._set_reason(job, admission.reason)
                 continue
-            reply = packer.pack(state, _request(job.spec), policy=self.packer_policy)
+            reply = packer.pack(state, pack_request(job.spec), policy=self.packer_policy)
             if head is not None and reply.node is not None:
                 backfill = policy.backfill_allowed(
                     job, head, now, self._estimate(job), node=reply.node_name
@@ -464,7 +440,7 @@ class Scheduler:
         running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
         batch = [j for j in running if j.spec.priority_class is PriorityClass.BATCH]
         by_id = {j.id: j for j in batch}
-        request = _request(lease.spec)
+        request = pack_request(lease.spec)
 
         def fits(freed: frozenset[int]) -> bool:
             trial = state.copy()
@@ -540,7 +516,7 @@ class Scheduler:
     def submit(self, spec: JobSpec) -> Job:
         """Queue a job; refuse at once a request no node could ever hold."""
         if self._inventory:
-            reply = packer.pack(self._empty_state(), _request(spec), policy="first_fit")
+            reply = packer.pack(self._empty_state(), pack_request(spec), policy="first_fit")
             if reply.node is None and not reply.feasible_ever:
                 raise InfeasibleError(f"this job can never fit: {reply.reason}")
         if spec.kind not in self.commands:
@@ -660,52 +636,13 @@ class Scheduler:
         }
 
     async def _notify(self) -> None:
-        """Wake subscribers, but only when something they can see changed."""
-        key = (self.store.last_event_id(), _inventory_key(self._inventory))
-        if key == self._notified_key:
-            return
-        self._notified_key = key
-        async with self._changed:
-            self._version += 1
-            self._changed.notify_all()
+        await self.events.notify(_inventory_key(self._inventory))
 
-    async def subscribe(
+    def subscribe(
         self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
     ) -> AsyncIterator[dict[str, Any]]:
-        """Stored events after ``after_id`` (-1: only new ones), then new ones as they happen.
-
-        Resumable: a client that reconnects with the id of the last event it saw misses
-        nothing. Unless ``cluster_every_s`` is None, a ``cluster`` message with the whole
-        cluster view follows changes, at most once per ``cluster_every_s``.
-        """
-        last = self.store.last_event_id() if after_id < 0 else after_id
-        loop = asyncio.get_running_loop()
-        seen_version = -1
-        cluster_key: object = None
-        cluster_at = -float("inf")
-        while True:
-            async with self._changed:
-                if self._version == seen_version:
-                    await self._changed.wait()
-                seen_version = self._version
-            while True:
-                batch = self.store.list_events(after_id=last, limit=500)
-                for event in batch:
-                    last = event.id
-                    payload = event.model_dump(mode="json")
-                    if event.job_id is not None:
-                        with contextlib.suppress(GpuSchedError):
-                            payload["job"] = self.job_view(self.store.get_job(event.job_id))
-                    yield payload
-                if len(batch) < 500:
-                    break
-            if cluster_every_s is not None and cluster_key != self._notified_key:
-                wait_s = cluster_at + cluster_every_s - loop.time()
-                if wait_s > 0:
-                    await asyncio.sleep(wait_s)
-                cluster_key, cluster_at = self._notified_key, loop.time()
-                yield {"id": None, "kind": "cluster", "at": self.clock.now().isoformat(),
-                       "job_id": None, "cluster": self.cluster_view()}
+        """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
+        return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
 
 
 def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
@@ -718,48 +655,6 @@ def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
 
 def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:
     return [policy.UsageRecord(*row) for row in rows]
-
-
-def _node_shape(node: NodeInventory) -> packer.NodeShape:
-    first = node.gpus[0] if node.gpus else None
-    return packer.NodeShape(
-        name=node.name,
-        gpu_model=first.model if first else "",
-        gpu_mem_gb=round(first.mem_total_mb / 1024, 3) if first else 0.0,
-        gpus=len(node.gpus),
-        cpus=node.cpus,
-        mem_gb=node.mem_gb,
-        nvlink_groups=_nvlink_groups(node),
-    )
-
-
-def _nvlink_groups(node: NodeInventory) -> tuple[int, ...]:
-    """Islands of GPUs joined by NVLink (connected components), one id per GPU."""
-    group = {g.index: g.index for g in node.gpus}
-
-    def root(i: int) -> int:
-        while group[i] != i:
-            i = group[i]
-        return i
-
-    for gpu in node.gpus:
-        for peer in gpu.nvlink_peers:
-            if peer in group:
-                group[root(peer)] = root(gpu.index)
-    if all(not g.nvlink_peers for g in node.gpus):
-        return ()
-    return tuple(root(g.index) for g in node.gpus)
-
-
-def _request(spec: JobSpec) -> packer.PackRequest:
-    return packer.PackRequest(
-        gpus=spec.gpus,
-        gpu_share=spec.gpu_share if spec.gpu_share is not None else 1.0,
-        gpu_mem_gb=spec.gpu_mem_gb,
-        cpus=spec.cpus,
-        mem_gb=spec.mem_gb,
-        models=tuple(spec.gpu_models),
-    )
 
 
 def _runtime_limit(job: Job, active: policy.ActiveWindow) -> float | None:

@@ -185,6 +185,10 @@ class SshBackend:
         except KeyError:
             raise BackendError(f"unknown node {name!r}; configured: {list(self._nodes)}") from None
 
+    def node_config(self, name: str) -> NodeConfig:
+        """How a node is reached (host, user, its Python, its work dir)."""
+        return self._node(name).cfg
+
     def node_down(self, name: str) -> bool:
         """True after ``down_after_failures`` consecutive failed attempts to reach the node."""
         return self._node(name).failures >= self.down_after_failures

@@ -225,6 +225,9 @@ async def test_only_owner_or_admin_may_cancel_or_change_a_job(gpusched: ApiClien
     assert "alice" in body["message"]
     is_error(await bob.request("PATCH", "jobs", str(job["id"]), body={"held": True}), 403,
              "ForbiddenError")
+    body = is_error(await bob.request("GET", "jobs", str(job["id"]), "log"), 403,
+                    "ForbiddenError")
+    assert "log" in body["message"]
     assert (await gpusched.get(job["id"]))["state"] == "queued"
     held = await gpusched.as_user("admin").json("PATCH", "jobs", str(job["id"]),
                                                 body={"held": True})

@@ -9,13 +9,16 @@ export interface IPanelState {
   cluster: ICluster | null;
   /** Jobs by id (the queue, leases and recently finished jobs). */
   jobs: ReadonlyMap<number, IJob>;
-  /** Id of the last event applied; the websocket resumes with `?after=` this. */
+  /**
+   * Id of the last event applied; the websocket resumes with `?after=` this. -1 before any:
+   * the first connection then asks for new events only (the page loads the jobs by REST).
+   */
   lastEventId: number;
 }
 
 /** The state before anything has loaded. */
 export function initialState(): IPanelState {
-  return { cluster: null, jobs: new Map(), lastEventId: 0 };
+  return { cluster: null, jobs: new Map(), lastEventId: -1 };
 }
 
 /** Replace the job list with a fresh `GET jobs` answer (events since may already be in it). */

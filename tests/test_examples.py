@@ -1,0 +1,74 @@
+"""The example notebooks run top to bottom on the embedded cluster of a live server."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
+from _fixtures_live_server import execute, outputs, text  # noqa: E402
+
+pytest_plugins = ["_fixtures_live_server"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(name: str, server: Any, tmp_path: Path) -> Any:
+    shutil.copy(EXAMPLES / name, tmp_path / name)
+    nb = nbformat.read(tmp_path / name, as_version=4)
+    # allow_errors=False: any failing cell not tagged raises-exception fails the run
+    return execute(nb, server, tmp_path, allow_errors=False)
+
+
+def _expected_errors(nb: Any) -> list[str]:
+    return [
+        o["traceback"][-1]
+        for c in nb.cells if c.cell_type == "code"
+        for o in outputs(c, "error")
+        if "raises-exception" in c.metadata.get("tags", [])
+    ]
+
+
+MINE = ("01_run_a_cell_on_a_gpu.ipynb", "02_watch_fragmentation.ipynb",
+        "03_submit_a_script.ipynb")
+
+
+def test_examples_are_found() -> None:
+    assert set(MINE) <= {p.name for p in EXAMPLES.glob("*.ipynb")}
+
+
+def test_run_a_cell_on_a_gpu(live_server: Any, tmp_path: Path) -> None:
+    nb = _run("01_run_a_cell_on_a_gpu.ipynb", live_server, tmp_path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "CUDA_VISIBLE_DEVICES = GPU-" in text(code[1])
+    assert text(code[4]).startswith("mean weight: ")
+    errors = _expected_errors(nb)
+    assert len(errors) == 1 and "ZeroDivisionError" in errors[0]
+    assert text(code[-1]).startswith("%gpu: released lease ")
+
+
+def test_watch_fragmentation(live_server: Any, tmp_path: Path) -> None:
+    nb = _run("02_watch_fragmentation.ipynb", live_server, tmp_path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    (view,) = outputs(code[1], "execute_result")
+    assert "application/vnd.jupyter.widget-view+json" in view["data"]
+    assert "largest_placeable_gpus" in outputs(code[3], "execute_result")[0]["data"]["text/plain"]
+
+
+def test_submit_a_script(live_server: Any, tmp_path: Path) -> None:
+    nb = _run("03_submit_a_script.ipynb", live_server, tmp_path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    logs = text(code[4])
+    assert "epoch 2 on 2 GPU(s)" in logs and logs.rstrip().endswith("done")
+    errors = _expected_errors(nb)
+    assert len(errors) == 1 and errors[0].startswith("%gpu: this job can never fit")
+
+
+@pytest.mark.parametrize("name", MINE)
+def test_examples_are_stored_without_outputs(name: str) -> None:
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

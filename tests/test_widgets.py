@@ -1,0 +1,133 @@
+"""The cluster map widget: state from cluster JSON and events, and live updates from a server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from jupyter_gpusched.client import GpuSchedClient
+from jupyter_gpusched.widgets import COLOURS, ClusterMap
+
+pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
+from _fixtures_live_server import api  # noqa: E402
+
+pytest_plugins = ["_fixtures_live_server"]
+
+CLUSTER = {
+    "nodes": [
+        {"name": "g0", "up": True, "error": None, "gpus": [
+            {"index": 0, "model": "A100-80GB", "state": "interactive", "mem_total_gb": 80.0,
+             "mem_used_gb": 20.0, "util_pct": 55.0, "share_used": 1.0,
+             "jobs": [{"id": 4, "user": "alice", "kind": "lease", "share": 1.0}]},
+            {"index": 1, "model": "A100-80GB", "state": "batch", "mem_total_gb": 80.0,
+             "mem_used_gb": 40.0, "util_pct": 90.0, "share_used": 0.5,
+             "jobs": [{"id": 5, "user": "bob", "kind": "script", "share": 0.5}]},
+            {"index": 2, "model": "A100-80GB", "state": "free", "mem_total_gb": 80.0,
+             "mem_used_gb": 0.0, "util_pct": 0.0, "share_used": 0.0, "jobs": []},
+            {"index": 3, "model": "A100-80GB", "state": "foreign", "mem_total_gb": 80.0,
+             "mem_used_gb": 8.0, "util_pct": 10.0, "share_used": 0.0, "jobs": []},
+        ]},
+        {"name": "g1", "up": False, "error": "connection refused", "gpus": [
+            {"index": 0, "model": "T4", "state": "down", "mem_total_gb": 16.0,
+             "mem_used_gb": 0.0, "util_pct": 0.0, "share_used": 0.0, "jobs": []},
+        ]},
+    ],
+    "metrics": {"allocated_share": 0.3, "unallocated_share": 0.7,
+                "free_nodes_by_size": {"8": 1}, "largest_placeable_gpus": 1,
+                "frag_ratio": 0.25, "gpus_total": 5, "gpus_free": 1},
+    "window": {"name": "day", "since": "2026-11-23T08:00:00+00:00",
+               "until": "2026-11-23T20:00:00+00:00", "next": "night",
+               "rules": {"interactive_max_share": 0.75}},
+    "queue": {"queued": 0, "running": 2},
+}
+
+
+def _job(job_id: int, state: str, position: int | None = None, **spec: Any) -> dict[str, Any]:
+    return {"id": job_id, "state": state, "user": "alice", "position": position,
+            "reason": "waiting: no room" if state == "queued" else None, "placement": None,
+            "spec": {"kind": "script", "gpus": 1, "command": ["python", "x.py"], **spec}}
+
+
+def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> None:
+    w = ClusterMap()
+    w.apply_cluster(CLUSTER)
+    state = w.get_state()
+    g0, g1 = state["nodes"]
+    assert [g["colour"] for g in g0["gpus"]] == [
+        "#2e7d32", "#1565c0", "#e0e0e0", "#ef6c00"
+    ]
+    assert [g["mem_fill"] for g in g0["gpus"]] == [0.25, 0.5, 0.0, 0.1]
+    assert g0["gpus"][0]["jobs"] == [4]
+    assert g0["gpus"][1]["title"].splitlines() == [
+        "g0 GPU 1 (A100-80GB)", "state: batch", "job 5 (script) by bob, 50% of the GPU",
+        "memory 40.0 / 80.0 GB", "utilization 90%",
+    ]
+    assert (g1["up"], g1["gpus"][0]["colour"]) == (False, COLOURS["down"])
+    assert "node down: connection refused" in g1["gpus"][0]["title"]
+    assert state["metrics"]["largest_placeable_gpus"] == 1
+    assert state["window"]["next"] == "night"
+
+
+def test_the_rendered_view_shows_figures_window_and_hover_details() -> None:
+    w = ClusterMap()
+    w.apply_cluster(CLUSTER)
+    views = {c.model_id: c.value for c in w.children}
+    text = "".join(views.values())
+    assert "title='g0 GPU 0 (A100-80GB)\nstate: interactive\njob 4 (lease) by alice" in text
+    assert "largest placeable job <b>1</b> GPUs" in text and "fragmentation <b>25%</b>" in text
+    assert "1×8 GPUs" in text
+    assert "window <b>day</b> until 2026-11-23T20:00:00+00:00, then <b>night</b>" in text
+
+
+def test_job_events_keep_the_queue_in_order_and_say_when_the_map_changed() -> None:
+    w = ClusterMap()
+    w.apply_jobs([_job(1, "running"), _job(2, "queued", 2), _job(3, "succeeded")])
+    assert [j["id"] for j in w.get_state()["queue"]] == [2, 1]
+    assert w.apply_event({"id": 10, "kind": "submitted", "job": _job(4, "queued", 1)}) is False
+    assert [(j["id"], j["position"]) for j in w.get_state()["queue"]] == [(4, 1), (2, 2), (1, None)]
+    assert w.apply_event({"id": 11, "kind": "state", "job": _job(1, "succeeded")}) is True
+    assert [j["id"] for j in w.get_state()["queue"]] == [4, 2]
+    assert w.get_state()["last_event_id"] == 11
+
+
+def test_a_cluster_event_replaces_the_map_at_once() -> None:
+    w = ClusterMap()
+    assert w.apply_event({"id": 3, "kind": "cluster", "detail": {"cluster": CLUSTER}}) is False
+    assert len(w.get_state()["nodes"]) == 2 and w.get_state()["last_event_id"] == 3
+
+
+@pytest.mark.asyncio
+async def test_the_live_map_follows_a_job_starting_and_ending(live_server: Any) -> None:
+    client = GpuSchedClient(live_server.url, live_server.token)
+    w = ClusterMap(client=client)
+    w.refresh()
+    assert w.get_state()["nodes"] and w.error == ""
+    assert w.follow() is True
+    job = api(live_server, "POST", "jobs", {
+        "kind": "script", "gpus": 2, "name": "widget-watch",
+        "command": [sys.executable, "-c", "import time; time.sleep(60)"],
+    })
+
+    async def until(check: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not check(w.get_state()):
+            assert time.monotonic() < deadline, w.get_state()
+            await asyncio.sleep(0.05)
+
+    def gpus_of_job(state: dict[str, Any]) -> list[str]:
+        return [g["state"] for n in state["nodes"] for g in n["gpus"] if job["id"] in g["jobs"]]
+
+    try:
+        await until(lambda s: gpus_of_job(s) == ["batch", "batch"])
+        await until(lambda s: any(j["id"] == job["id"] and j["state"] == "running"
+                                  for j in s["queue"]))
+        assert w.connected
+        api(live_server, "DELETE", f"jobs/{job['id']}")
+        await until(lambda s: gpus_of_job(s) == [] and
+                    all(j["id"] != job["id"] for j in s["queue"]))
+    finally:
+        w.close()
