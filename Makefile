@@ -27,10 +27,11 @@ demo: $(STAMP)
 system-deps:
 	bash scripts/system-deps.sh
 
-## Set up, lint and run every test.
+## Set up, lint and run every test: two pytest sessions (see tests/conftest.py for why).
 test: $(STAMP) system-deps
 	$(BIN)/ruff check jupyter_gpusched tests bench
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest -p pytest_jupyter.jupyter_server tests/inproc
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpusched tests bench

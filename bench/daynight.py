@@ -49,7 +49,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jupyter_gpusched import policy as P  # noqa: E402
 from jupyter_gpusched.models import Job, JobKind, JobSpec  # noqa: E402
 
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)  # a Monday
+T0 = datetime(2026, 11, 23, tzinfo=UTC)  # a Monday
 HOUR = 3600.0
 CHECKPOINT_S = 1800.0
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -80,7 +80,7 @@ async def bench_node(label: str, cfg: NodeConfig, n: int) -> None:
         launched: list[float] = []
         execd: list[float] = []
         polls: list[float] = []
-        submitted = datetime.now(timezone.utc)
+        submitted = datetime.now(UTC)
         for i in range(n + 3):
             job = Job(id=100_000 + i, spec=JobSpec(kind="script", command=["date", "+%s.%N"]),
                       submitted_at=submitted)

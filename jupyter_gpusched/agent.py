@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 # subprocess, socket, csv, select and datetime are imported by the subcommands that use them:
@@ -290,9 +291,9 @@ def _write_atomic(path: str, text: str, *, durable: bool = True) -> None:
 
 
 def _now_iso() -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def _wrap(job_dir: str, argv: list[str], report_fd: int) -> int:

@@ -13,6 +13,14 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("jupyter_gpusched.simulate", "main", "replay a GPU-cluster trace on the packer"),
     "policy": ("jupyter_gpusched.policy_cli", "main", "explain which rules hold at a time"),
+    "demo": ("jupyter_gpusched.demo", "main", "run a short workload on the embedded cluster"),
+    "submit": ("jupyter_gpusched.cli_client", "submit_main", "queue a script on the cluster"),
+    "queue": ("jupyter_gpusched.cli_client", "queue_main", "show queued and running jobs"),
+    "cancel": ("jupyter_gpusched.cli_client", "cancel_main", "cancel jobs by id"),
+    "logs": ("jupyter_gpusched.cli_client", "logs_main", "print (-f: follow) a job's output"),
+    "nodes": ("jupyter_gpusched.cli_client", "nodes_main", "show the cluster map, a glyph per GPU"),
+    "submit-notebook": ("jupyter_gpusched.cli_notebooks", "submit_main", "run a notebook job"),
+    "definitions": ("jupyter_gpusched.cli_notebooks", "definitions_main", "recurring notebooks"),
 }
 
 

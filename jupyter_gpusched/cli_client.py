@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from .client import GpuSchedClient, find_server
@@ -144,7 +144,7 @@ def format_queue(jobs: list[dict[str, Any]], *, total: int | None = None) -> str
         return "no jobs"
     header = ("ID", "USER", "KIND", "STATE", "GPUS", "NODE", "AGE", "WHAT", "WHY")
     rows = [header]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for job in jobs:
         spec = job["spec"]
         placement = job.get("placement") or {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -28,7 +28,7 @@ class SystemClock:
     """The wall clock."""
 
     def now(self) -> datetime:  # noqa: D102
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def monotonic(self) -> float:  # noqa: D102
         return time.monotonic()
@@ -44,10 +44,10 @@ class ManualClock:
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        start = start or datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
+        start = start or datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
         if start.tzinfo is None:
             raise ValueError("ManualClock needs a timezone-aware start time")
-        self._now = start.astimezone(timezone.utc)
+        self._now = start.astimezone(UTC)
         self._mono = 0.0
         self._changed = asyncio.Event() if _has_loop() else None
 
@@ -100,7 +100,7 @@ class OffsetClock(SystemClock):
     def __init__(self, start: datetime) -> None:
         if start.tzinfo is None:
             raise ValueError("OffsetClock needs a timezone-aware start time")
-        self._start = start.astimezone(timezone.utc)
+        self._start = start.astimezone(UTC)
         self._mono0 = time.monotonic()
 
     def now(self) -> datetime:  # noqa: D102

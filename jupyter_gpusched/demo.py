@@ -13,7 +13,7 @@ import asyncio
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .cli_client import format_cluster, format_queue
@@ -26,7 +26,7 @@ from .ssh import SshBackend
 from .store import Store
 
 #: The demo runs as if it were Monday 10:00 UTC: the day window is in force.
-DEMO_START = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+DEMO_START = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 
 
 def _py(code: str) -> list[str]:

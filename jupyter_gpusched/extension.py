@@ -182,7 +182,7 @@ class GpuSchedApp(ExtensionApp):
         """The scheduler once started, or None if it did not start within ``timeout_s``."""
         try:
             await asyncio.wait_for(self._ready_event().wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         return self.serverapp.web_app.settings.get("gpusched")
 

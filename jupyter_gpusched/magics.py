@@ -242,7 +242,8 @@ class GpuMagics(Magics):
     def _line(self, argv: list[str]) -> Any:
         commands = {
             "release": self._release_cmd, "status": self._status_cmd, "queue": self._queue_cmd,
-            "submit": self._submit_cmd, "cancel": self._cancel_cmd, "logs": self._logs_cmd,
+            "submit": self._submit_cmd, "submit-notebook": self._submit_notebook_cmd,
+            "cancel": self._cancel_cmd, "logs": self._logs_cmd,
             "leases": self._leases_cmd, "config": self._config_cmd,
         }
         if not argv or argv[0] in ("-h", "--help", "help"):
@@ -325,7 +326,7 @@ class GpuMagics(Magics):
         Reconnects the kernel client when the server forwarded the ports again.
         """
         try:
-            answer = self.client._json("GET", f"leases/{lease.job_id}/kernel")
+            answer = self.client.call("GET", f"leases/{lease.job_id}/kernel")
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise GpuMagicError(exc.message) from None
@@ -426,7 +427,7 @@ class GpuMagics(Magics):
 
         def touch() -> None:
             try:
-                answer = client._json("GET", f"leases/{lease.job_id}/kernel")
+                answer = client.call("GET", f"leases/{lease.job_id}/kernel")
             except GpuSchedError:
                 return  # the next cell finds out what happened
             if _moved(lease, answer):
@@ -458,7 +459,7 @@ class GpuMagics(Magics):
             self._forget(lease)
             raise _LeaseGone(started, job.get("reason") or job["state"])
         try:
-            answer = self.client._json("GET", f"leases/{lease.job_id}/kernel")
+            answer = self.client.call("GET", f"leases/{lease.job_id}/kernel")
         except GpuSchedError:
             return  # node unreachable for now: keep waiting
         if answer.get("connection") != lease.connection:  # new ports: this client is lost
@@ -560,6 +561,44 @@ class GpuMagics(Magics):
         print(f"%gpu: submitted job {job['id']} ({job['state']}); "
               f"follow it with %gpu logs {job['id']}")
         return job
+
+    def _submit_notebook_cmd(self, argv: list[str]) -> dict[str, Any]:
+        from .cli_notebooks import parse_parameter
+
+        p = _Parser("%gpu submit-notebook", description="Run a notebook as a batch job: "
+                    "%gpu submit-notebook nb.ipynb -p lr=0.1 --gpus 1 --at tonight. The "
+                    "executed copy comes back beside it with a timestamped name.")
+        p.add_argument("notebook", help="path of the .ipynb to run")
+        p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                       help="a parameter, typed like Python: lr=0.1, epochs=3, tag=base")
+        p.add_argument("--at", default="now", help="now, tonight, a window name, an ISO "
+                       "time or a cron expression such as '0 2 * * *' (repeats)")
+        p.add_argument("--kernel", help="kernel name (default: the notebook's)")
+        p.add_argument("--name", help="display name")
+        _resources(p)
+        args = p.parse_args(argv)
+        if not os.path.isfile(args.notebook):
+            raise GpuMagicError(f"no notebook {args.notebook!r} in {os.getcwd()}")
+        try:
+            parameters = dict(parse_parameter(text) for text in args.parameter)
+        except ValueError as exc:
+            raise GpuMagicError(str(exc)) from None
+        body: dict[str, Any] = {"notebook": os.path.abspath(args.notebook),
+                                "parameters": parameters, "at": args.at, **_spec(args)}
+        if args.kernel:
+            body["kernel_name"] = args.kernel
+        if args.name:
+            body["name"] = args.name
+        answer = self._call(self.client.call, "POST", "notebooks", body=body)
+        if answer.get("definition"):
+            d = answer["definition"]
+            print(f"%gpu: scheduled {args.notebook} as definition {d['id']} ({args.at}); "
+                  "list them with 'jupyter gpusched definitions'")
+        else:
+            job = answer["job"]
+            print(f"%gpu: submitted {args.notebook} as job {job['id']} ({job['state']}); "
+                  f"follow it with %gpu logs {job['id']}")
+        return answer
 
     def _cancel_cmd(self, argv: list[str]) -> None:
         p = _Parser("%gpu cancel", description="Cancel queued or running jobs.")

@@ -6,8 +6,8 @@ Pydantic models apart from database rows; the store maps rows to these.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .exceptions import IllegalTransitionError, InvalidSpecError
 
 
-class JobKind(str, Enum):
+class JobKind(StrEnum):
     """What runs: an interactive lease (remote kernel), a script, or a whole notebook."""
 
     LEASE = "lease"
@@ -23,14 +23,14 @@ class JobKind(str, Enum):
     NOTEBOOK = "notebook"
 
 
-class PriorityClass(str, Enum):
+class PriorityClass(StrEnum):
     """Interactive work is served first by day; batch fills the cluster by night."""
 
     INTERACTIVE = "interactive"
     BATCH = "batch"
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """Life of a job; see ``TRANSITIONS`` for the allowed moves."""
 
     QUEUED = "queued"
@@ -169,7 +169,7 @@ class JobSpec(BaseModel):
     def _aware(cls, v: datetime | None) -> datetime | None:
         if v is not None and v.tzinfo is None:
             raise ValueError("needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
-        return v.astimezone(timezone.utc) if v is not None else None
+        return v.astimezone(UTC) if v is not None else None
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
@@ -39,7 +39,7 @@ from .models import Job, JobState, PriorityClass
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 ALL_DAYS = frozenset(range(7))
-_UTC = timezone.utc
+_UTC = UTC
 
 
 @dataclass(frozen=True)

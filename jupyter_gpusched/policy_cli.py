@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from traitlets import TraitError
@@ -64,7 +64,7 @@ def parse_at(text: str, policy: PolicyConfig, now: datetime) -> datetime:
         raise ValueError(f"--at {text!r} is not a time; write {_AT_HELP}") from None
     if when.tzinfo is None:
         return local_boundary(when.date(), when.time(), policy.tz)
-    return when.astimezone(timezone.utc)
+    return when.astimezone(UTC)
 
 
 def main(argv: list[str] | None = None, *, now: datetime | None = None) -> int:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None, *, now: datetime | None = None) -> int:
         print(f"jupyter gpusched policy: bad configuration: {exc}", file=sys.stderr)
         return 2
     try:
-        at = parse_at(args.at, policy, now or datetime.now(timezone.utc))
+        at = parse_at(args.at, policy, now or datetime.now(UTC))
     except ValueError as exc:
         print(f"jupyter gpusched policy: {exc}", file=sys.stderr)
         return 2

@@ -90,6 +90,8 @@ class Scheduler:
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.stop_grace_s = 10.0
         self._wake = asyncio.Event()
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view,
                                job=lambda j: self.job_view(j))
@@ -107,22 +109,29 @@ class Scheduler:
     async def stop(self) -> None:
         """Stop the loop and close connections; jobs keep running on their nodes."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self.wake()
+            # Let a tick in progress finish its writes; cut it short only if it hangs.
+            done, _ = await asyncio.wait([self._task], timeout=self.stop_grace_s)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
+            self._stopping = False
         await self.backend.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.tick()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("gpusched: scheduler tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_interval_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that
+            # races its timeout into a TimeoutError, and the loop would never stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.tick_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
 
     def wake(self) -> None:
@@ -143,7 +152,7 @@ class Scheduler:
                 await hook(now)
             await self._schedule(now, active)
             await self._run_end_hooks()
-        await self._notify()
+        await self.notify()
 
     async def _run_end_hooks(self) -> None:
         """Run end hooks once per ended job; the store remembers which ran (restart-safe)."""
@@ -186,7 +195,7 @@ class Scheduler:
         """Probe every node now (the API's on-demand refresh)."""
         async with self._tick_lock:
             await self._refresh_inventory(force=True)
-        await self._notify()
+        await self.notify()
         return self._inventory
 
     # ------------------------------------------------------------------ watching jobs
@@ -515,15 +524,20 @@ class Scheduler:
     # ------------------------------------------------------------------ API actions
     def submit(self, spec: JobSpec) -> Job:
         """Queue a job; refuse at once a request no node could ever hold."""
-        if self._inventory:
-            reply = packer.pack(self._empty_state(), pack_request(spec), policy="first_fit")
-            if reply.node is None and not reply.feasible_ever:
-                raise InfeasibleError(f"this job can never fit: {reply.reason}")
+        self.check_feasible(spec)
         if spec.kind not in self.commands:
             raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
         job = self.store.add_job(spec)
         self.wake()
         return job
+
+    def check_feasible(self, spec: JobSpec) -> None:
+        """Raise InfeasibleError, saying what would fit, if no node could ever hold ``spec``."""
+        if not self._inventory:
+            return  # nothing probed yet: nothing to judge against
+        reply = packer.pack(self._empty_state(), pack_request(spec), policy="first_fit")
+        if reply.node is None and not reply.feasible_ever:
+            raise InfeasibleError(f"this job can never fit: {reply.reason}")
 
     def get_job(self, job_id: int) -> Job:
         """One job (NotFoundError if absent)."""
@@ -564,7 +578,7 @@ class Scheduler:
                     job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
                 )
         self.wake()
-        await self._notify()
+        await self.notify()
         return job
 
     def update(
@@ -635,8 +649,14 @@ class Scheduler:
             "explanation": policy.explain(self.policy, when),
         }
 
-    async def _notify(self) -> None:
+    async def notify(self) -> None:
+        """Wake event subscribers now (e.g. after writing an event outside a tick)."""
         await self.events.notify(_inventory_key(self._inventory))
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop is ticking (between start and stop)."""
+        return self._task is not None
 
     def subscribe(
         self, *, after_id: int = 0, cluster_every_s: float | None = 1.0

@@ -262,7 +262,7 @@ class SshBackend:
                     f"node {cfg.name}: SSH login as {user} failed ({exc.reason}); "
                     "check client_keys and the node's authorized_keys"
                 ) from None
-            except (*_CONNECTION_ERRORS, asyncssh.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, *_CONNECTION_ERRORS, asyncssh.Error) as exc:
                 reason = str(exc) or type(exc).__name__
                 self._failed(st, reason)
                 raise BackendError(

@@ -29,7 +29,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +103,7 @@ class UtcDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError(f"{value!r} has no timezone; the store keeps aware UTC times")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -111,8 +111,8 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -346,7 +346,7 @@ class Store:
             )
             s.add(row)
             s.flush()
-            _log(
+            add_event_row(
                 s,
                 EventRow(
                     at=now,
@@ -465,7 +465,7 @@ class Store:
                     detail[key] = fields[key]
             if "placement" in fields:
                 detail["node"] = row.node
-            _log(
+            add_event_row(
                 s,
                 EventRow(
                     at=now,
@@ -495,7 +495,7 @@ class Store:
                     raise ConflictError(f"job {job_id}: a new spec cannot change its user or kind")
             _apply(row, fields)
             if event is not None:
-                _log(
+                add_event_row(
                     s,
                     EventRow(
                         at=now,
@@ -540,7 +540,7 @@ class Store:
                 to_state=None,
                 detail=dict(detail or {}),
             )
-            _log(s, row)
+            add_event_row(s, row)
             s.flush()
             return _event(row)
 
@@ -621,7 +621,7 @@ class Store:
                         was_up = row.up
                         row.up, row.failures, row.detail, row.updated_at = up, failures, detail, now
                     if was_up is not up:
-                        _log(
+                        add_event_row(
                             s,
                             EventRow(
                                 at=now,
@@ -723,7 +723,7 @@ def _enable_wal(cursor: Any) -> None:
             delay_s = min(delay_s * 2, 0.2)
 
 
-def _log(s: Session, row: EventRow) -> None:
+def add_event_row(s: Session, row: EventRow) -> None:
     """Add an event row, last thing before commit.
 
     On PostgreSQL, ids come from a sequence when inserted, so two transactions could commit

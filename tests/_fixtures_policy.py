@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jupyter_gpusched.models import Job, JobKind, JobSpec, JobState, Placement, PriorityClass
 
-T0 = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)  # Monday 09:00 UTC, like the clock
+T0 = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)  # Monday 09:00 UTC, like the clock
 
 
 def make_job(

@@ -23,13 +23,36 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from jsonschema import Draft202012Validator
 from jupyter_server.auth.identity import IdentityProvider, User
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from traitlets.config import Config
+
+OPENAPI = yaml.safe_load(
+    resources.files("jupyter_gpusched").joinpath("openapi.yaml").read_text("utf-8")
+)
+_REGISTRY = Registry().with_resource(
+    "urn:openapi", Resource.from_contents(OPENAPI, default_specification=DRAFT202012)
+)
+
+
+def conforms(body: Any, schema: str) -> Any:
+    """Assert ``body`` matches a schema of the shipped OpenAPI file; return it."""
+    validator = Draft202012Validator(
+        {"$ref": f"urn:openapi#/components/schemas/{schema}"}, registry=_REGISTRY
+    )
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
+    assert not errors, errors
+    return body
+
 
 TOKEN_USER_HEADER = "X-Test-User"
 TEST_NODES = [

@@ -1,17 +1,44 @@
-"""Fixtures shared by every test module."""
+"""Fixtures shared by every test module, and the split of the suite into two sessions.
+
+Tests under ``tests/inproc/`` drive an in-process Jupyter server through pytest-jupyter,
+which runs coroutine tests on its own event loop; loaded alongside pytest-asyncio's
+fixtures (the simulated cluster, the scheduler) it leaves their tasks on a loop that no
+longer runs. So ``make test`` runs them in a session of their own
+(``pytest -p pytest_jupyter.jupyter_server tests/inproc``), and a plain ``pytest`` skips them.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from jupyter_gpusched.clock import ManualClock
 
-pytest_plugins = ["pytest_jupyter.jupyter_server", "_fixtures_server", "_fixtures_postgres"]
+pytest_plugins = ["_fixtures_postgres", "_fixtures_server", "_fixtures_live_server"]
+
+_JUPYTER_PLUGIN = "pytest_jupyter.jupyter_server"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Collect ``tests/inproc`` only in the session that loads pytest-jupyter, and only it."""
+    with_jupyter = config.pluginmanager.has_plugin(_JUPYTER_PLUGIN)
+    inproc = "inproc" in collection_path.relative_to(Path(__file__).parent).parts[:1]
+    if collection_path.is_dir() and collection_path.name == "tests":
+        return None
+    if inproc != with_jupyter and collection_path.suffix == ".py":
+        return True
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.pluginmanager.has_plugin(_JUPYTER_PLUGIN):
+        return "gpusched: in-process Jupyter server tests (tests/inproc) only"
+    return "gpusched: tests/inproc runs in its own session: make test runs both"
 
 
 @pytest.fixture
 def clock() -> ManualClock:
     """A clock that starts Monday 2026-11-23 09:00 UTC and moves only when told."""
-    return ManualClock(datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc))
+    return ManualClock(datetime(2026, 11, 23, 9, 0, tzinfo=UTC))

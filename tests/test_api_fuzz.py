@@ -23,7 +23,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-pytest_plugins = ["_fixtures_server"]
 pytestmark = pytest.mark.slow
 
 SPEC_PATH = Path(str(resources.files("jupyter_gpusched").joinpath("openapi.yaml")))

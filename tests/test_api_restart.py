@@ -11,8 +11,6 @@ import pytest
 
 from jupyter_gpusched.client import GpuSchedClient
 
-pytest_plugins = ["_fixtures_server"]
-
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 

@@ -14,8 +14,6 @@ from jupyter_gpusched import cli
 from jupyter_gpusched.cli_client import format_cluster
 from jupyter_gpusched.client import ApiError, GpuSchedClient, find_server
 
-pytest_plugins = ["_fixtures_server"]
-
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 

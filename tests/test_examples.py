@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,6 @@ import pytest
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import execute, outputs, text  # noqa: E402
-
-pytest_plugins = ["_fixtures_live_server"]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,12 +32,12 @@ def _expected_errors(nb: Any) -> list[str]:
     ]
 
 
-MINE = ("01_run_a_cell_on_a_gpu.ipynb", "02_watch_fragmentation.ipynb",
-        "03_submit_a_script.ipynb")
+ALL = ("01_run_a_cell_on_a_gpu.ipynb", "02_watch_fragmentation.ipynb",
+       "03_submit_a_script.ipynb", "04_schedule_a_notebook.ipynb")
 
 
 def test_examples_are_found() -> None:
-    assert set(MINE) <= {p.name for p in EXAMPLES.glob("*.ipynb")}
+    assert set(ALL) == {p.name for p in EXAMPLES.glob("*.ipynb")}
 
 
 def test_run_a_cell_on_a_gpu(live_server: Any, tmp_path: Path) -> None:
@@ -68,7 +67,22 @@ def test_submit_a_script(live_server: Any, tmp_path: Path) -> None:
     assert len(errors) == 1 and errors[0].startswith("%gpu: this job can never fit")
 
 
-@pytest.mark.parametrize("name", MINE)
+def test_schedule_a_notebook(live_server: Any, tmp_path: Path) -> None:
+    nb = _run("04_schedule_a_notebook.ipynb", live_server, tmp_path)
+    code = [text(c) for c in nb.cells if c.cell_type == "code"]
+    assert code[3].startswith("succeeded\ntrain-") and code[3].rstrip().endswith(".ipynb")
+    assert code[4].splitlines() == [
+        "wide: lr=0.5 (float), layers=[64, 32] on 1 GPU(s)",
+        "epoch 0: loss 1.000", "epoch 1: loss 0.667", "epoch 2: loss 0.500"]
+    assert [json.loads(line.split(" ", 1)[1]).get("cell") for line in code[5].splitlines()] == [
+        1, 2, 3, 4, None]
+    assert code[6].startswith("failed exit code 1") and code[6].rstrip().endswith(
+        "ZeroDivisionError")
+    assert "'0 2 * * *' Europe/Berlin catch-up once" in code[8]
+    assert code[9].splitlines() == ["None", "True", "[]"]
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_examples_are_stored_without_outputs(name: str) -> None:
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

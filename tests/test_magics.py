@@ -10,17 +10,17 @@ import json
 import os
 import re
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 
 from jupyter_gpusched.magics import _waiting_line, discover
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
-
-pytest_plugins = ["_fixtures_live_server"]
 
 PNG_CELL = '''%%gpu
 import struct, zlib
@@ -74,6 +74,7 @@ CELLS = {
     ),
     "waiter": "%%gpu --model A100 --lease waiter\nprint('got an A100')",
     "submit": "%gpu submit job.py --gpus 1 -- --greeting hi",
+    "submit_nb": "%gpu submit-notebook params.ipynb -p lr=0.1 -p tag=base --gpus 1",
     "queue": "%gpu queue --all",
     "release": "%gpu release --all",
 }
@@ -84,6 +85,11 @@ def _run(live_server: Any, tmp_path: Path) -> dict[str, Any]:
         import os, sys
         print('job args', sys.argv[1:], 'cwd', os.getcwd(), flush=True)
     """))
+    params = notebook("lr = 1.0\ntag = 'x'", "print('lr', lr, type(lr).__name__, tag)")
+    params.cells[0].metadata["tags"] = ["parameters"]
+    params.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+    nbformat.write(params, tmp_path / "params.ipynb")
     nb = notebook(*CELLS.values())
     # the spinning cell is interrupted after its time is up, as Ctrl-C would
     execute(nb, live_server, tmp_path,
@@ -185,7 +191,7 @@ def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(
     [
         ("bad_arg", "%gpu: argument --gpus: 'many' is not a whole number (see %%gpu --help)"),
         ("bad_command", "%gpu: unknown command 'frobnicate'; use one of release, status, "
-                        "queue, submit, cancel, logs, leases, config"),
+                        "queue, submit, submit-notebook, cancel, logs, leases, config"),
     ],
 )
 def test_argument_errors_are_one_line(cells: dict[str, Any], key: str, line: str) -> None:
@@ -217,6 +223,24 @@ def test_submit_runs_the_script_in_the_notebook_directory(
         time.sleep(0.05)
     assert job["state"] == "succeeded", job
     assert job["spec"]["workdir"] == str(Path(job["spec"]["files"][0]).parent)
+
+
+def test_submit_notebook_runs_it_with_typed_parameters_and_writes_the_result_beside_it(
+    cells: dict[str, Any], live_server: Any, notebook_dir: Path
+) -> None:
+    said = text(cells["submit_nb"])
+    assert said.startswith("%gpu: submitted params.ipynb as job "), said
+    job_id = int(said.split()[5])
+    deadline = time.monotonic() + 90
+    job = api(live_server, "GET", f"jobs/{job_id}")
+    while "output_notebook" not in job["spec"]["labels"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = api(live_server, "GET", f"jobs/{job_id}")
+    assert job["state"] == "succeeded", job
+    assert job["spec"]["parameters"] == {"lr": 0.1, "tag": "base"}
+    executed = nbformat.read(Path(job["spec"]["labels"]["output_notebook"]), as_version=4)
+    printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "lr 0.1 float base" in printed
 
 
 def test_queue_lists_the_lease(cells: dict[str, Any], lease: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -39,7 +39,7 @@ from jupyter_gpusched.policy import (
     resolve_window,
 )
 
-UTC = timezone.utc
+UTC = UTC
 BERLIN = ZoneInfo("Europe/Berlin")
 DAY, NIGHT = DEFAULT_WINDOWS
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -27,7 +27,7 @@ from jupyter_gpusched.policy import (
     resolve_window,
 )
 
-UTC = timezone.utc
+UTC = UTC
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
 
 times = st.builds(time, st.integers(0, 23), st.sampled_from([0, 15, 30, 45]))

@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,8 @@ from jupyter_gpusched.ssh import SshBackend
 from jupyter_gpusched.store import Store
 
 PY = sys.executable
-MONDAY_9AM = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
-SATURDAY_NIGHT = datetime(2026, 11, 28, 23, 0, tzinfo=timezone.utc)
+MONDAY_9AM = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+SATURDAY_NIGHT = datetime(2026, 11, 28, 23, 0, tzinfo=UTC)
 
 
 @pytest_asyncio.fixture

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncssh
@@ -457,7 +457,7 @@ async def test_agent_probe_over_ssh_reports_the_simulated_gpus(sim: SimCluster) 
 
 def _job(job_id: int, command: list[str], **env: str) -> Job:
     spec = JobSpec(kind=JobKind.SCRIPT, command=command, gpus=2, env=env)
-    return Job(id=job_id, spec=spec, submitted_at=datetime(2026, 11, 23, tzinfo=timezone.utc))
+    return Job(id=job_id, spec=spec, submitted_at=datetime(2026, 11, 23, tzinfo=UTC))
 
 
 @pytest.mark.asyncio

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -80,7 +80,7 @@ def test_every_spec_field_round_trips(store: Store) -> None:
     job = store.add_job(FULL_SPEC)
     back = store.get_job(job.id)
     assert back.spec == FULL_SPEC
-    assert back.spec.not_before == datetime(2026, 11, 23, 21, 0, tzinfo=timezone.utc)
+    assert back.spec.not_before == datetime(2026, 11, 23, 21, 0, tzinfo=UTC)
     assert back == job
     assert back.state is S.QUEUED and back.submitted_at.tzinfo is not None
 
@@ -122,7 +122,7 @@ def test_every_job_field_round_trips(store: Store, clock: ManualClock) -> None:
         "attempt": 2,
         "handle": {"pid": 4242, "pgid": 4242, "kernel": {"id": "k1"}},
     }
-    assert all(t.tzinfo == timezone.utc for t in (back.started_at, back.finished_at))
+    assert all(t.tzinfo == UTC for t in (back.started_at, back.finished_at))
 
 
 def test_unknown_job_is_not_found(store: Store) -> None:

@@ -22,6 +22,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 
+from jupyter_gpusched import definitions, notebooks  # noqa: F401  (their tables join Base)
 from jupyter_gpusched.clock import ManualClock, SystemClock
 from jupyter_gpusched.exceptions import ConflictError, IllegalTransitionError
 from jupyter_gpusched.models import (
@@ -34,6 +35,7 @@ from jupyter_gpusched.models import (
 )
 from jupyter_gpusched.store import (
     VERSION_TABLE,
+    Base,
     EventRow,
     JobRow,
     Store,
@@ -43,7 +45,7 @@ from jupyter_gpusched.store import (
 
 ROUNDS = 3
 WRITERS = 2
-TABLES = {"jobs", "events", "usage", "nodes"}
+TABLES = set(Base.metadata.tables)
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 

@@ -15,8 +15,6 @@ from jupyter_gpusched.widgets import COLOURS, ClusterMap
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api  # noqa: E402
 
-pytest_plugins = ["_fixtures_live_server"]
-
 CLUSTER = {
     "nodes": [
         {"name": "g0", "up": True, "error": None, "gpus": [

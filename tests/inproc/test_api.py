@@ -6,27 +6,14 @@ import asyncio
 import json
 import re
 import sys
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
+from _fixtures_server import OPENAPI, conforms
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
-
-pytest_plugins = ["pytest_jupyter.jupyter_server", "_fixtures_server"]
-
-OPENAPI = yaml.safe_load(
-    resources.files("jupyter_gpusched").joinpath("openapi.yaml").read_text("utf-8")
-)
-_REGISTRY = Registry().with_resource(
-    "urn:openapi", Resource.from_contents(OPENAPI, default_specification=DRAFT202012)
-)
-
 
 def script(code: str) -> list[str]:
     """argv of a Python one-liner job (the sim runs real local processes)."""
@@ -35,16 +22,6 @@ def script(code: str) -> list[str]:
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 SLEEPER = script("import time; print('started', flush=True); time.sleep(60)")
-
-
-def conforms(body: Any, schema: str) -> Any:
-    """Assert ``body`` matches a schema of the shipped OpenAPI file; return it."""
-    validator = Draft202012Validator(
-        {"$ref": f"urn:openapi#/components/schemas/{schema}"}, registry=_REGISTRY
-    )
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
-    assert not errors, errors
-    return body
 
 
 def is_error(resp: Any, status: int, error: str, field: str | None = None) -> dict:

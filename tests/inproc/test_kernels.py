@@ -8,6 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from _fixtures_server import conforms
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from jupyter_gpusched.kernels import PORT_KEYS, connection_file_name, lease_command
@@ -15,8 +16,6 @@ from jupyter_gpusched.models import Job, JobSpec
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
-
-pytest_plugins = ["pytest_jupyter.jupyter_server", "_fixtures_server"]
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
@@ -26,7 +25,7 @@ async def _kernel(gpusched: ApiClient, job_id: int, timeout_s: float = 30.0) -> 
     while True:
         resp = await gpusched.request("GET", "leases", str(job_id), "kernel")
         if resp.code == 200:
-            return json.loads(resp.body)
+            return conforms(json.loads(resp.body), "LeaseKernel")
         # 409: not running yet; 502: its node is unreachable (while a test drops it)
         assert resp.code in (409, 502), (resp.code, resp.body)
         assert time.monotonic() < deadline, resp.body

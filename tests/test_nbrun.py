@@ -1,0 +1,104 @@
+"""nbrun, the notebook runner started on a node, run here as the real subprocess it is there."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
+
+from jupyter_gpusched.nbrun import first_line, parse_progress, progress_line
+
+
+def nbrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "jupyter_gpusched.nbrun", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def progress_of(log: str) -> list[dict]:
+    return [d for d in map(parse_progress, log.splitlines()) if d is not None]
+
+
+def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "plain.ipynb", ["print(repr(greeting), repr(times))"])
+    proc = nbrun("plain.ipynb", "--output", "out.ipynb", "--parameters",
+                 json.dumps({"greeting": "hé", "times": 2}), cwd=tmp_path)
+    log, _ = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, log
+    nb = read_notebook(tmp_path / "out.ipynb")
+    assert nb.cells[0].metadata["tags"] == ["injected-parameters"]
+    assert outputs_text(nb.cells[2]) == "'hé' 2\n"
+    assert "'hé' 2" in log  # cell output is echoed into the job's log
+    assert progress_of(log)[-1] == {"done": True, "status": "succeeded", "exit_code": 0}
+
+
+def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "long.ipynb", ["print('started')", "import time\ntime.sleep(60)"])
+    proc = nbrun("long.ipynb", "--output", "out.ipynb", "--job-timeout-s", "4", cwd=tmp_path)
+    log, _ = proc.communicate(timeout=120)
+
+    assert proc.returncode == 124, log
+    nb = read_notebook(tmp_path / "out.ipynb")
+    assert outputs_text(nb.cells[1]) == "started\n"
+    assert "time limit of 4 s" in nb.metadata["gpusched"]["error"]["evalue"]
+    assert nb.metadata["gpusched"]["exit_code"] == 124
+
+
+def test_sigterm_saves_what_ran_and_exits_143(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "long.ipynb", ["print('one')", "import time\ntime.sleep(60)"])
+    proc = nbrun("long.ipynb", "--output", "out.ipynb", cwd=tmp_path)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the second cell runs
+        line = proc.stdout.readline()
+        seen.append(line)
+        if (parse_progress(line) or {}).get("cell") == 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+
+    assert proc.returncode == 143, "".join(seen) + rest
+    nb = read_notebook(tmp_path / "out.ipynb")
+    assert outputs_text(nb.cells[1]) == "one\n"
+    assert nb.cells[2].cell_type == "markdown" and "SIGTERM" in nb.cells[2].source
+
+
+def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "nb.ipynb", ["print(1)"])
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", "--parameters", "[1, 2]", cwd=tmp_path)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "must be a JSON object" in log
+    assert not (tmp_path / "out.ipynb").exists()
+    missing = nbrun("gone.ipynb", "--output", "out.ipynb", cwd=tmp_path)
+    log, _ = missing.communicate(timeout=60)
+    assert missing.returncode == 2 and "gone.ipynb not found" in log
+
+
+def test_the_fallback_input_is_used_when_no_copy_was_staged(tmp_path: Path) -> None:
+    shared = write_notebook(tmp_path / "shared" / "nb.ipynb", ["print('from shared')"])
+    (tmp_path / "job").mkdir()
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", "--fallback-input", str(shared),
+                 cwd=tmp_path / "job")
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    assert outputs_text(read_notebook(tmp_path / "job" / "out.ipynb").cells[1]) == "from shared\n"
+
+
+def test_progress_lines_round_trip_and_other_lines_are_not_progress() -> None:
+    line = progress_line(cell=2, of=5, index=3, source='print("x")  # ✓')
+    assert parse_progress(line) == {"cell": 2, "of": 5, "index": 3, "source": 'print("x")  # ✓'}
+    assert parse_progress("##gpusched-progress {broken") is None
+    assert parse_progress("just output") is None
+    assert parse_progress('  ##gpusched-progress {"cell": 1}') is None
+
+
+def test_the_reported_source_line_is_the_first_line_of_code() -> None:
+    assert first_line("\n# load data\n\nx = load()\ny = 2") == "x = load()"
+    assert first_line("# only a comment") == "# only a comment"
+    assert len(first_line("x = '" + "a" * 500 + "'")) == 200
