@@ -61,8 +61,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from .clock import Clock
 from .exceptions import ForbiddenError, GpuSchedError, InvalidSpecError, NotFoundError
 from .models import Job, JobSpec, JobState
+from .orm import Base, EventRow, JobRow
 from .policy import local_boundary
-from .store import Base, EventRow, JobRow, Store, add_event_row
+from .store import Store, add_event_row
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ from .definitions import Definitions, check_schedule, check_timezone
 from .exceptions import GpuSchedError, InvalidSpecError, NotFoundError
 from .models import ACTIVE_STATES, Job, JobKind, JobSpec, JobState, PriorityClass, parse_spec
 from .nbrun import parse_progress
-from .store import Base, EventRow, add_event_row
+from .orm import Base, EventRow
+from .store import add_event_row
 
 log = logging.getLogger(__name__)
 

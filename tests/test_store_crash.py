@@ -33,15 +33,8 @@ from jupyter_gpusched.models import (
     JobState,
     Placement,
 )
-from jupyter_gpusched.store import (
-    VERSION_TABLE,
-    Base,
-    EventRow,
-    JobRow,
-    Store,
-    UsageRow,
-    alembic_config,
-)
+from jupyter_gpusched.orm import Base, EventRow, JobRow, UsageRow
+from jupyter_gpusched.store import VERSION_TABLE, Store, alembic_config
 
 ROUNDS = 3
 WRITERS = 2

@@ -14,7 +14,8 @@ from sqlalchemy import inspect
 
 from jupyter_gpusched.clock import ManualClock
 from jupyter_gpusched.models import JobSpec, JobState
-from jupyter_gpusched.store import VERSION_TABLE, Base, Store, alembic_config
+from jupyter_gpusched.orm import Base
+from jupyter_gpusched.store import VERSION_TABLE, Store, alembic_config
 
 TABLES = {"jobs", "events", "usage", "nodes"}
 

@@ -11,7 +11,12 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from jupyter_gpusched.store import VERSION_TABLE, Base
+# Features with tables of their own declare them on Base; importing them here puts every
+# table in the metadata that autogenerate and the schema-drift test compare against.
+import jupyter_gpusched.definitions  # noqa: F401
+import jupyter_gpusched.notebooks  # noqa: F401
+from jupyter_gpusched.orm import Base
+from jupyter_gpusched.store import VERSION_TABLE
 
 config = context.config
 target_metadata = Base.metadata

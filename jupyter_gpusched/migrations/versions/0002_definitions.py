@@ -12,13 +12,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-# The row classes live in jupyter_gpusched.definitions and .notebooks, on the store's Base;
-# importing them here registers them in Base.metadata whenever the migrations are loaded, so
-# comparisons of the metadata with a migrated database (autogenerate, the schema-drift test)
-# see these tables.
-import jupyter_gpusched.definitions  # noqa: F401
-import jupyter_gpusched.notebooks  # noqa: F401
-
 revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
