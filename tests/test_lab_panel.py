@@ -48,21 +48,51 @@ def submit_from_file_browser(
     return fill_submit_dialog(page, gpus, mem_gb, parameters)
 
 
-def fill_submit_dialog(page: Any, gpus: int, mem_gb: int | None, parameters: str = "") -> int:
-    """Fill the submit dialog, press Submit, and return the job id the toast announces."""
+def fill_submit_dialog(
+    page: Any, gpus: int, mem_gb: int | None, parameters: str = "", cron: str | None = None
+) -> int:
+    """Fill the submit dialog, press Submit, and return the id the toast announces.
+
+    Without ``cron`` that is the new job's id; with it, the new schedule's.
+    """
     dialog = page.locator(".jp-Dialog")
     dialog.locator("input[name=gpus]").fill(str(gpus))
     if mem_gb is not None:
         dialog.locator("input[name=gpu_mem_gb]").fill(str(mem_gb))
     dialog.locator("textarea[name=parameters]").fill(parameters)
-    screenshot(page, "lab-submit-dialog")
+    if cron is not None:
+        dialog.locator("input[name=cron]").fill(cron)
+        assert dialog.locator("input[name=when][value=cron]").is_checked()
+    screenshot(page, "lab-submit-dialog-cron" if cron else "lab-submit-dialog")
     dialog.locator(".jp-mod-accept").click()
-    toast = page.locator(".Toastify__toast", has_text="as GPU job #").last
+    announced = "as schedule #" if cron else "as GPU job #"
+    toast = page.locator(".Toastify__toast", has_text=announced).last
     toast.wait_for(state="visible")
-    match = re.search(r"GPU job #(\d+)", toast.inner_text())
+    match = re.search(r"(?:GPU job|schedule) #(\d+)", toast.inner_text())
     assert match, toast.inner_text()
     show_sidebar(page, "gpusched-panel")
     return int(match.group(1))
+
+
+def output_notebook(server: LabServer, job_id: int) -> Path:
+    """The executed notebook the server named in the finished job's labels."""
+    labels = server.api(f"gpusched/api/jobs/{job_id}")["spec"]["labels"]
+    assert "output_notebook" in labels, labels
+    return server.root / labels["output_notebook"]
+
+
+def close_tab(page: Any, name: str) -> None:
+    """Close the main-area tab titled ``name``, discarding changes (the kernel may mark it)."""
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=name)
+    tab.locator(".lm-TabBar-tabCloseIcon").click()
+    page.wait_for_function(
+        "name => document.querySelector('.jp-Dialog') || ![...document.querySelectorAll("
+        "'.lm-DockPanel-tabBar .lm-TabBar-tab')].some(t => t.textContent.includes(name))",
+        arg=name,
+    )
+    if page.locator(".jp-Dialog").count():
+        page.locator(".jp-Dialog button", has_text="Discard").click()
+    tab.wait_for(state="detached")
 
 
 def queue_row(page: Any, job_id: int) -> Any:
@@ -129,13 +159,31 @@ def test_submitted_notebook_runs_finishes_and_notifies(
     page.wait_for_timeout(800)  # let the toast finish sliding in, for the picture only
     screenshot(page, "lab-panel-job-succeeded-notification")
     page.wait_for_selector('.jp-gpusched-gpu[data-state="batch"]', state="detached")
+    output = output_notebook(lab_server, job_id)
+    assert output.parent == lab_server.root, "the executed notebook lands beside the input"
+    assert re.fullmatch(rf"hello-\d{{8}}-\d{{6}}-job{job_id}\.ipynb", output.name)
+    assert "hello from the GPU queue" in output.read_text()
 
-    toast.locator("button", has_text="Show log").click()
+    # The notice opens the executed notebook in JupyterLab, and so does the job's row.
+    toast.locator("button", has_text="Open notebook").click()
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=output.name)
+    tab.wait_for(state="visible")
+    page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output").filter(
+        has_text="hello from the GPU queue"
+    ).first.wait_for(state="visible")
+    screenshot(page, "lab-executed-notebook-opened")
+    close_tab(page, output.name)
+    show_sidebar(page, "gpusched-panel")
+    row.locator(".jp-gpusched-output-button").click()
+    tab.wait_for(state="visible")
+    close_tab(page, output.name)
+
+    queue_row(page, job_id).locator(".jp-gpusched-log-button").click()
     log = page.locator(f"#gpusched-log-{job_id}")
     log.wait_for(state="visible")
     page.wait_for_function(
         "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-text`)"
-        "?.textContent.includes('hello.ipynb')",
+        "?.textContent.includes('hello from the GPU queue')",
         arg=job_id,
     )
     header = log.locator(".jp-gpusched-log-header")
@@ -146,9 +194,6 @@ def test_submitted_notebook_runs_finishes_and_notifies(
     )
     assert "exit code 0" in header.inner_text()
     screenshot(page, "lab-job-log")
-    outputs = sorted(Path(lab_server.root).glob("hello-*.ipynb"))
-    assert len(outputs) == 1, "the executed notebook lands beside the input"
-    assert "hello from the GPU queue" in outputs[0].read_text()
 
 
 def test_cancel_a_running_job_from_the_notebook_toolbar(
@@ -158,7 +203,7 @@ def test_cancel_a_running_job_from_the_notebook_toolbar(
     (lab_server.root / "sleepy.ipynb").write_text(notebook("import time\ntime.sleep(600)"))
     show_sidebar(page, "filebrowser")
     page.locator(".jp-DirListing-item", has_text="sleepy.ipynb").first.dblclick()
-    button = page.locator(".jp-NotebookPanel-toolbar .jp-gpusched-submit-button")
+    button = page.locator(".jp-NotebookPanel:visible .jp-gpusched-submit-button")
     button.wait_for(state="visible")
     button.click()
     job_id = fill_submit_dialog(page, gpus=1, mem_gb=None)
@@ -167,11 +212,11 @@ def test_cancel_a_running_job_from_the_notebook_toolbar(
         f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="running"]',
         timeout=RUN_TIMEOUT_MS,
     )
-    # Its log streams while it runs (nbconvert announces itself, then the cell sleeps).
+    # Its log streams while it runs (the runner marks the cell it starts, which then sleeps).
     queue_row(page, job_id).locator(".jp-gpusched-log-button").click()
     page.wait_for_function(
         "id => document.querySelector(`#gpusched-log-${id} .jp-gpusched-log-text`)"
-        "?.textContent.includes('Converting notebook')",
+        "?.textContent.includes('##gpusched-progress {\"cell\": 1')",
         arg=job_id,
     )
     header = page.locator(f"#gpusched-log-{job_id} .jp-gpusched-log-header")
@@ -207,6 +252,9 @@ def test_failed_notebook_raises_an_error_notification(lab_page: Any, lab_server:
     toast.wait_for(state="visible")
     assert "exit code 1" in toast.inner_text()
     assert toast.locator("button", has_text="Show log").is_visible()
+    # The executed notebook keeps the traceback, and the notice offers it.
+    assert toast.locator("button", has_text="Open notebook").is_visible()
+    assert "no GPU luck" in output_notebook(lab_server, job_id).read_text()
     page.wait_for_timeout(800)  # let the toast finish sliding in, for the picture only
     screenshot(page, "lab-panel-job-failed-notification")
 
@@ -247,7 +295,56 @@ def test_parameters_reach_the_notebook(lab_page: Any, lab_server: LabServer) -> 
         f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="succeeded"]',
         timeout=RUN_TIMEOUT_MS,
     )
-    outputs = sorted(Path(lab_server.root).glob("sweep-*.ipynb"))
-    assert len(outputs) == 1
-    assert "lr=0.25 tag=a b" in outputs[0].read_text()
+    assert "lr=0.25 tag=a b" in output_notebook(lab_server, job_id).read_text()
     screenshot(page, "lab-panel-parameters-run")
+
+
+def test_cron_schedule_is_listed_paused_resumed_and_deleted(
+    lab_page: Any, lab_server: LabServer
+) -> None:
+    page = lab_page
+    (lab_server.root / "nightly.ipynb").write_text(notebook('print("nightly")'))
+    show_sidebar(page, "filebrowser")
+    page.locator(".jp-DirListing-item", has_text="nightly.ipynb").first.click(button="right")
+    page.locator(".lm-Menu-item", has_text="Submit to GPU Queue").click()
+    def_id = fill_submit_dialog(page, gpus=2, mem_gb=16, parameters="lr=0.5", cron="0 22 * * 1-5")
+
+    stored = lab_server.api(f"gpusched/api/definitions/{def_id}")
+    assert stored["schedule"] == "0 22 * * 1-5"
+    assert stored["spec"]["notebook"] == "nightly.ipynb"
+    assert stored["spec"]["parameters"] == {"lr": 0.5}
+    assert (stored["spec"]["gpus"], stored["spec"]["gpu_mem_gb"]) == (2, 16)
+    browser_tz = page.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone")
+    assert stored["timezone"] == browser_tz
+
+    row = page.locator(
+        f'#gpusched-panel .jp-gpusched-definition-row[data-definition-id="{def_id}"]'
+    )
+    row.wait_for(state="visible")
+    assert row.locator(".jp-gpusched-job").inner_text() == "nightly.ipynb"
+    assert row.locator(".jp-gpusched-cron").inner_text() == "0 22 * * 1-5"
+    assert row.locator(".jp-gpusched-tz").inner_text() == browser_tz
+    assert re.fullmatch(r"next (\w{3} )?22:00", row.locator(".jp-gpusched-next").inner_text())
+    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 16 GB"
+    screenshot(page, "lab-panel-schedule-listed")
+
+    row.locator(".jp-gpusched-pause", has_text="pause").click()
+    page.wait_for_selector(
+        f'.jp-gpusched-definition-row[data-definition-id="{def_id}"][data-paused="true"]'
+    )
+    assert row.locator(".jp-gpusched-next").inner_text() == "paused"
+    assert lab_server.api(f"gpusched/api/definitions/{def_id}")["paused"] is True
+    screenshot(page, "lab-panel-schedule-paused")
+    row.locator(".jp-gpusched-pause", has_text="resume").click()
+    page.wait_for_selector(
+        f'.jp-gpusched-definition-row[data-definition-id="{def_id}"][data-paused="false"]'
+    )
+    assert lab_server.api(f"gpusched/api/definitions/{def_id}")["paused"] is False
+
+    row.locator(".jp-gpusched-delete").click()
+    page.locator(".jp-Dialog .jp-mod-accept", has_text="Delete").click()
+    row.wait_for(state="detached")
+    assert "No schedules" in page.locator("#gpusched-panel .jp-gpusched-schedules").inner_text()
+    mine = lab_server.api("gpusched/api/definitions")["definitions"]
+    assert def_id not in [d["id"] for d in mine]
+    screenshot(page, "lab-panel-schedule-deleted")

@@ -4,7 +4,15 @@
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
-import { IApiError, ICluster, IEvent, IJob, IJobSpec } from './types';
+import {
+  IApiError,
+  ICluster,
+  IDefinition,
+  IEvent,
+  IJob,
+  INotebookSubmission,
+  INotebookSubmitted
+} from './types';
 
 const API = 'gpusched/api';
 
@@ -87,9 +95,35 @@ export class GpuschedClient {
     return this.json<IJob>(`jobs/${id}`);
   }
 
-  /** `POST jobs`: submit as the logged-in user. */
-  submit(spec: IJobSpec): Promise<IJob> {
-    return this.json<IJob>('jobs', { method: 'POST', body: JSON.stringify(spec) });
+  /** `POST notebooks`: run a notebook as the logged-in user, now, later or on a cron. */
+  submitNotebook(body: INotebookSubmission): Promise<INotebookSubmitted> {
+    return this.json<INotebookSubmitted>('notebooks', {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** `GET definitions?user=me`: my recurring notebook jobs, oldest first. */
+  async definitions(limit = 100): Promise<IDefinition[]> {
+    const page = await this.json<{ definitions: IDefinition[] }>(
+      'definitions',
+      {},
+      { user: 'me', limit }
+    );
+    return page.definitions;
+  }
+
+  /** `PATCH definitions/{id}`: pause or resume. */
+  setPaused(id: number, paused: boolean): Promise<IDefinition> {
+    return this.json<IDefinition>(`definitions/${id}`, {
+      method: 'PATCH',
+      body: JSON.stringify({ paused })
+    });
+  }
+
+  /** `DELETE definitions/{id}` (the jobs it made stay). */
+  deleteDefinition(id: number): Promise<IDefinition> {
+    return this.json<IDefinition>(`definitions/${id}`, { method: 'DELETE' });
   }
 
   /** `DELETE jobs/{id}`: cancel. */

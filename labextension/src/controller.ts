@@ -7,6 +7,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { EventStream, GpuschedApiError, GpuschedClient, StreamStatus } from './api';
 import {
   applyEvent,
+  awaitsOutput,
   initialState,
   INotice,
   INoticeGate,
@@ -14,15 +15,22 @@ import {
   noticeFor,
   noticeGate,
   touchesCluster,
+  touchesDefinitions,
   withCluster,
-  withJobs
+  withJobs,
+  withOutput
 } from './reducer';
-import { IEvent, IJob } from './types';
+import { IDefinition, IEvent, IJob } from './types';
 
 /** How many recent jobs the panel loads. */
 export const JOB_LIMIT = 200;
 /** The map also refreshes on this period, for memory and utilisation figures. */
 const CLUSTER_POLL_MS = 10000;
+/**
+ * How long a notebook job's notice waits for its executed notebook to be fetched (the
+ * `notebook_output` event) before it is shown without one.
+ */
+export const OUTPUT_WAIT_MS = 20000;
 
 /** Loading, ready, or failed (with the server's advice in `error`). */
 export type LoadStatus = 'loading' | 'ready' | 'error';
@@ -32,6 +40,8 @@ export class GpuschedModel implements IDisposable {
   status: LoadStatus = 'loading';
   error: GpuschedApiError | null = null;
   stream: StreamStatus = 'closed';
+  /** My recurring notebook jobs (null until loaded, or when the server has none to list). */
+  definitions: IDefinition[] | null = null;
 
   private _changed = new Signal<this, void>(this);
   private _notice = new Signal<this, INotice>(this);
@@ -42,6 +52,9 @@ export class GpuschedModel implements IDisposable {
   private _disposed = false;
   private _retryMs = 1000;
   private _retryTimer: ReturnType<typeof setTimeout> | null = null;
+  private _definitionsTimer: ReturnType<typeof setTimeout> | null = null;
+  /** Notices of notebook jobs waiting for their executed notebook, by job id. */
+  private _pending = new Map<number, { notice: INotice; timer: ReturnType<typeof setTimeout> }>();
 
   /** My user name as the scheduler records it (null until I own a job). */
   private _me: string | null = null;
@@ -112,6 +125,7 @@ export class GpuschedModel implements IDisposable {
     }
     this._retryMs = 1000;
     this._changed.emit();
+    void this.refreshDefinitions();
     if (!this._events) {
       this._events = new EventStream(
         this.client,
@@ -134,6 +148,15 @@ export class GpuschedModel implements IDisposable {
       return;
     }
     this.state = next;
+    if (touchesDefinitions(event)) {
+      this.scheduleDefinitionsRefresh();
+    }
+    const waiting = typeof event.job_id === 'number' ? this._pending.get(event.job_id) : null;
+    const completed = waiting ? withOutput(waiting.notice, event) : null;
+    if (waiting && completed) {
+      clearTimeout(waiting.timer);
+      this._pending.delete(completed.jobId);
+    }
     if (this._me === null && event.kind === 'submitted') {
       // A job from elsewhere (a %gpu magic, the CLI) may be mine: ask once who I am.
       void this.learnMe();
@@ -143,9 +166,44 @@ export class GpuschedModel implements IDisposable {
       this.scheduleClusterRefresh();
     }
     this._changed.emit();
-    if (notice) {
+    if (completed) {
+      this._notice.emit(completed);
+    }
+    if (notice && event.job && awaitsOutput(notice, event.job)) {
+      const timer = setTimeout(() => {
+        this._pending.delete(notice.jobId);
+        this._notice.emit(notice);
+      }, OUTPUT_WAIT_MS);
+      this._pending.set(notice.jobId, { notice, timer });
+    } else if (notice) {
       this._notice.emit(notice);
     }
+  }
+
+  /** Reload my definitions soon; bursts of `definition` events cost one request. */
+  scheduleDefinitionsRefresh(delayMs = 200): void {
+    if (this._definitionsTimer !== null) {
+      return;
+    }
+    this._definitionsTimer = setTimeout(() => {
+      this._definitionsTimer = null;
+      void this.refreshDefinitions();
+    }, delayMs);
+  }
+
+  /** Reload my definitions now (after loading, on `definition` events, after acting). */
+  async refreshDefinitions(): Promise<void> {
+    if (this.status !== 'ready') {
+      return;
+    }
+    try {
+      this.definitions = await this.client.definitions();
+    } catch (err) {
+      // A server without notebook jobs has no such route: the section then stays hidden.
+      console.warn('gpusched: definitions refresh failed', err);
+      this.definitions = null;
+    }
+    this._changed.emit();
   }
 
   private async learnMe(): Promise<void> {
@@ -214,6 +272,13 @@ export class GpuschedModel implements IDisposable {
     if (this._retryTimer !== null) {
       clearTimeout(this._retryTimer);
     }
+    if (this._definitionsTimer !== null) {
+      clearTimeout(this._definitionsTimer);
+    }
+    for (const { timer } of this._pending.values()) {
+      clearTimeout(timer);
+    }
+    this._pending.clear();
     Signal.clearData(this);
   }
 }

@@ -12,7 +12,6 @@ import {
   showErrorMessage,
   ToolbarButton
 } from '@jupyterlab/apputils';
-import { PageConfig } from '@jupyterlab/coreutils';
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -22,7 +21,7 @@ import { GpuschedModel } from './controller';
 import { formatClock } from './model';
 import { GpuschedPanel } from './panel';
 import { LogView } from './logview';
-import { buildNotebookJob, tonightIso } from './request';
+import { browserTimezone, buildNotebookRequest, tonightIso } from './request';
 import { SubmitForm } from './submit';
 
 export * from './colors';
@@ -70,7 +69,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(widget.id);
     };
 
-    const panel = new GpuschedPanel(model, openLog);
+    /** Open a notebook the server wrote (path relative to the server root). */
+    const openNotebook = (path: string) => {
+      void app.commands.execute('docmanager:open', { path }).catch(err => {
+        void showErrorMessage(`Could not open ${path}`, (err as Error).message);
+      });
+    };
+
+    const panel = new GpuschedPanel(model, openLog, openNotebook);
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'gpusched-panel');
@@ -78,6 +84,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     model.notice.connect((_, notice) => {
       const actions = [{ label: 'Show log', callback: () => openLog(notice.jobId) }];
+      const output = notice.output;
+      if (output) {
+        actions.unshift({ label: 'Open notebook', callback: () => openNotebook(output) });
+      }
       const autoClose = notice.level === 'success' ? 10000 : false;
       Notification[notice.level](notice.message, { actions, autoClose });
     });
@@ -113,9 +123,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!path) {
           return;
         }
-        const window = model.state.cluster?.window ?? null;
-        const tonight = tonightIso(window, Date.now());
-        const form = new SubmitForm(path, tonight ? formatClock(tonight, Date.now()) : null);
+        const tonight = tonightIso(model.state.cluster?.window ?? null, Date.now());
+        const timezone = browserTimezone();
+        const form = new SubmitForm(
+          path,
+          tonight ? formatClock(tonight, Date.now()) : null,
+          timezone
+        );
         const answer = await showDialog({
           title: 'Submit notebook to the GPU queue',
           body: form,
@@ -130,18 +144,28 @@ const plugin: JupyterFrontEndPlugin<void> = {
           if ('error' in choice) {
             throw new Error(choice.error);
           }
-          const spec = buildNotebookJob(
-            { path, serverRoot: PageConfig.getOption('serverRoot'), ...choice },
-            Date.now(),
-            window
-          );
-          const job = await client.submit(spec);
-          model.claim(job);
-          Notification.info(`Submitted ${path} as GPU job #${job.id}`, {
-            autoClose: 5000,
-            actions: [{ label: 'Show log', callback: () => openLog(job.id) }]
-          });
-          await model.refreshJob(job.id).catch(() => undefined);
+          const body = buildNotebookRequest({ path, ...choice }, timezone);
+          const { job, definition } = await client.submitNotebook(body);
+          if (job) {
+            model.claim(job);
+            Notification.info(`Submitted ${path} as GPU job #${job.id}`, {
+              autoClose: 5000,
+              actions: [{ label: 'Show log', callback: () => openLog(job.id) }]
+            });
+            await model.refreshJob(job.id).catch(() => undefined);
+          }
+          if (definition) {
+            Notification.info(
+              `Scheduled ${path} (${definition.schedule}, ${definition.timezone}) as schedule #${definition.id}`,
+              {
+                autoClose: 5000,
+                actions: [
+                  { label: 'Show schedules', callback: () => app.shell.activateById(panel.id) }
+                ]
+              }
+            );
+            await model.refreshDefinitions();
+          }
         } catch (err) {
           await showErrorMessage('Could not submit the notebook', (err as Error).message);
         }

@@ -4,7 +4,8 @@
  * No DOM, no network, no clock (the time is passed in), so every rule here is unit-tested.
  */
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
-import { ICluster, IGpu, IJob, INode, JobState } from './types';
+import { outputNotebook } from './reducer';
+import { ICluster, IDefinition, IGpu, IJob, IJobSpec, INode, JobState } from './types';
 
 /** What one GPU cell of the map shows. */
 export interface IGpuCell {
@@ -125,7 +126,7 @@ export function jobName(job: Pick<IJob, 'spec'>): string {
     return basename(spec.notebook);
   }
   if (spec.command && spec.command.length > 0) {
-    // `jupyter nbconvert ... nb.ipynb` and `python train.py` both read best by their file.
+    // `python train.py` and `jupyter nbconvert ... nb.ipynb` both read best by their file.
     const file = [...spec.command].reverse().find(a => /\.(ipynb|py|sh)$/.test(a));
     return basename(file ?? spec.command.join(' '));
   }
@@ -154,20 +155,28 @@ export interface IQueueRow {
   reason: string;
   cancellable: boolean;
   hasLog: boolean;
+  /** The executed notebook of a finished notebook job (server-root relative), or null. */
+  output: string | null;
 }
 
 const CANCELLABLE: readonly JobState[] = ['queued', 'starting', 'running', 'preempted', 'lost'];
 
-/** The view model of one queue row, as seen by user `me` (null: unknown) at `nowMs`. */
-export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow {
-  const p = job.placement;
-  const spec = job.spec;
+/** `1 GPU`, `2 GPUs × 16 GB` or `0.5 GPU`. */
+function gpusLabel(spec: IJobSpec): string {
   let gpus = `${spec.gpus} GPU${spec.gpus === 1 ? '' : 's'}`;
   if (spec.gpu_share !== null && spec.gpu_share !== undefined && spec.gpu_share < 1) {
     gpus = `${spec.gpu_share} GPU`;
   } else if (spec.gpu_mem_gb && spec.gpus > 0) {
     gpus += ` × ${formatGb(spec.gpu_mem_gb)}`;
   }
+  return gpus;
+}
+
+/** The view model of one queue row, as seen by user `me` (null: unknown) at `nowMs`. */
+export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow {
+  const p = job.placement;
+  const spec = job.spec;
+  const gpus = gpusLabel(spec);
   const run = runtimeS(job, nowMs);
   return {
     id: job.id,
@@ -181,7 +190,8 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
     runtime: run === null ? '' : formatDuration(run),
     reason: job.held ? `held${job.reason ? ` · ${job.reason}` : ''}` : (job.reason ?? ''),
     cancellable: CANCELLABLE.includes(job.state) && job.user === me,
-    hasLog: job.started_at !== null || job.state === 'running'
+    hasLog: job.started_at !== null || job.state === 'running',
+    output: outputNotebook(job)
   };
 }
 
@@ -256,4 +266,50 @@ export function windowLine(window: ICluster['window'], nowMs: number): string {
     }
   }
   return line;
+}
+
+/** What one row of "Schedules" (my recurring notebook jobs) shows. */
+export interface IDefinitionRow {
+  id: number;
+  /** The definition's name, else the notebook's file name. */
+  name: string;
+  notebook: string;
+  schedule: string;
+  timezone: string;
+  /** `next Mon 22:00`, `paused`, or `no next run`. */
+  next: string;
+  paused: boolean;
+  /** `1 GPU`, `2 GPUs × 16 GB`. */
+  gpus: string;
+  /** `3 runs, last #12`, or `no runs yet`. */
+  runs: string;
+}
+
+/** The view model of one definition at `nowMs`. */
+export function definitionRow(d: IDefinition, nowMs: number): IDefinitionRow {
+  const notebook = d.spec.notebook ?? '';
+  let next = 'no next run';
+  if (d.paused) {
+    next = 'paused';
+  } else if (d.next_fire_at) {
+    next = `next ${formatClock(d.next_fire_at, nowMs)}`;
+  }
+  let runs = 'no runs yet';
+  if (d.fire_count > 0) {
+    runs = `${d.fire_count} run${d.fire_count === 1 ? '' : 's'}`;
+    if (d.last_job_id) {
+      runs += `, last #${d.last_job_id}`;
+    }
+  }
+  return {
+    id: d.id,
+    name: d.name || basename(notebook) || `schedule ${d.id}`,
+    notebook,
+    schedule: d.schedule,
+    timezone: d.timezone,
+    next,
+    paused: d.paused,
+    gpus: gpusLabel(d.spec),
+    runs
+  };
 }

@@ -1,15 +1,25 @@
 /**
- * The sidebar panel: cluster map, queue (mine / all) with cancel and logs, the window in
- * force, my leases with release. Plain DOM; each section is redrawn only when what it shows
+ * The sidebar panel: cluster map, queue (mine / all) with cancel, logs and executed notebooks,
+ * the window in force, my schedules (recurring notebooks) with pause/resume/delete, my leases
+ * with release. Plain DOM; each section is redrawn only when what it shows
  * changed, so hover details stay put while events stream in.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { notebookIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 import { GpuschedApiError } from './api';
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GPU_STATES, MEM_FILL_COLOUR } from './colors';
 import { GpuschedModel } from './controller';
 import { h } from './dom';
-import { myLeases, nodeRows, queueJobs, queueRow, windowLine } from './model';
+import {
+  definitionRow,
+  IDefinitionRow,
+  myLeases,
+  nodeRows,
+  queueJobs,
+  queueRow,
+  windowLine
+} from './model';
 import { ICluster } from './types';
 
 /** Rows of the queue shown at most (the newest finished ones drop off first). */
@@ -18,12 +28,13 @@ const MAX_ROWS = 50;
 export class GpuschedPanel extends Widget {
   private scope: 'mine' | 'all' = 'mine';
   private keys = new Map<string, string>();
-  private sections: Record<'status' | 'map' | 'queue' | 'leases', HTMLElement>;
+  private sections: Record<'status' | 'map' | 'queue' | 'schedules' | 'leases', HTMLElement>;
   private ticker: ReturnType<typeof setInterval>;
 
   constructor(
     private readonly model: GpuschedModel,
-    private readonly openLog: (jobId: number) => void
+    private readonly openLog: (jobId: number) => void,
+    private readonly openNotebook: (path: string) => void
   ) {
     super();
     this.id = 'gpusched-panel';
@@ -33,6 +44,7 @@ export class GpuschedPanel extends Widget {
       status: h('div', { className: 'jp-gpusched-status' }),
       map: h('div', { className: 'jp-gpusched-map' }),
       queue: h('div', { className: 'jp-gpusched-queue' }),
+      schedules: h('div', { className: 'jp-gpusched-schedules' }),
       leases: h('div', { className: 'jp-gpusched-leases' })
     };
     this.node.append(
@@ -40,6 +52,7 @@ export class GpuschedPanel extends Widget {
       this.sections.status,
       this.sections.map,
       this.sections.queue,
+      this.sections.schedules,
       this.sections.leases
     );
     model.changed.connect(() => this.render(), this);
@@ -59,7 +72,7 @@ export class GpuschedPanel extends Widget {
     const now = Date.now();
     if (m.status !== 'ready') {
       this.update1('status', `${m.status}:${m.error?.message}`, () => this.renderProblem());
-      for (const k of ['map', 'queue', 'leases'] as const) {
+      for (const k of ['map', 'queue', 'schedules', 'leases'] as const) {
         this.update1(k, 'empty', () => []);
       }
       return;
@@ -78,6 +91,8 @@ export class GpuschedPanel extends Widget {
     );
     this.update1('map', JSON.stringify(cluster.nodes), () => this.renderMap(cluster));
     this.update1('queue', JSON.stringify([this.scope, rows]), () => this.renderQueue(rows));
+    const schedules = m.definitions?.map(d => definitionRow(d, now)) ?? null;
+    this.update1('schedules', JSON.stringify(schedules), () => this.renderSchedules(schedules));
     this.update1('leases', JSON.stringify(leases), () => this.renderLeases(leases));
   }
 
@@ -282,6 +297,17 @@ export class GpuschedPanel extends Widget {
                 },
                 'log'
               ),
+              r.output
+                ? h(
+                    'button',
+                    {
+                      className: 'jp-gpusched-output-button',
+                      title: `Open the executed notebook ${r.output}`,
+                      onclick: () => this.openNotebook(r.output!)
+                    },
+                    notebookIcon.element({ tag: 'span', height: '14px', width: '14px' })
+                  )
+                : null,
               r.cancellable
                 ? h(
                     'button',
@@ -318,6 +344,111 @@ export class GpuschedPanel extends Widget {
       )
     );
     return [head, list];
+  }
+
+  private renderSchedules(rows: IDefinitionRow[] | null): Node[] {
+    if (rows === null) {
+      return [];
+    }
+    const head = h('div', { className: 'jp-gpusched-section-head' }, h('h3', {}, 'Schedules'));
+    if (rows.length === 0) {
+      return [
+        head,
+        h(
+          'p',
+          { className: 'jp-gpusched-hint' },
+          'No schedules. To run a notebook on a schedule, choose “repeat (cron)” in ',
+          '“Submit to GPU queue…”.'
+        )
+      ];
+    }
+    const list = h(
+      'div',
+      { className: 'jp-gpusched-definitions' },
+      rows.map(r =>
+        h(
+          'div',
+          {
+            className: 'jp-gpusched-definition-row',
+            'data-definition-id': String(r.id),
+            'data-paused': String(r.paused),
+            title: r.notebook
+          },
+          h(
+            'div',
+            { className: 'jp-gpusched-job-line' },
+            h('span', { className: 'jp-gpusched-job' }, `${r.name}`),
+            h(
+              'span',
+              { className: 'jp-gpusched-actions' },
+              h(
+                'button',
+                {
+                  className: 'jp-gpusched-pause',
+                  title: r.paused
+                    ? 'Resume: run again on schedule'
+                    : 'Pause: skip runs until resumed',
+                  onclick: () => void this.setPaused(r.id, !r.paused)
+                },
+                r.paused ? 'resume' : 'pause'
+              ),
+              h(
+                'button',
+                {
+                  className: 'jp-gpusched-delete',
+                  title: 'Delete this schedule (jobs it made stay)',
+                  onclick: () => void this.deleteDefinition(r.id, r.name)
+                },
+                '✕'
+              )
+            )
+          ),
+          h(
+            'div',
+            { className: 'jp-gpusched-job-meta' },
+            h('code', { className: 'jp-gpusched-cron', title: 'cron schedule' }, r.schedule),
+            h(
+              'span',
+              { className: 'jp-gpusched-tz', title: 'time zone of the schedule' },
+              r.timezone
+            ),
+            h('span', { className: `jp-gpusched-next ${r.paused ? 'jp-mod-paused' : ''}` }, r.next),
+            h('span', { className: 'jp-gpusched-size', title: 'GPUs per run' }, r.gpus),
+            h('span', { className: 'jp-gpusched-runs' }, r.runs)
+          )
+        )
+      )
+    );
+    return [head, list];
+  }
+
+  private async setPaused(id: number, paused: boolean): Promise<void> {
+    try {
+      await this.model.client.setPaused(id, paused);
+    } catch (err) {
+      void showErrorMessage(
+        `Could not ${paused ? 'pause' : 'resume'} schedule #${id}`,
+        (err as Error).message
+      );
+    }
+    await this.model.refreshDefinitions();
+  }
+
+  private async deleteDefinition(id: number, name: string): Promise<void> {
+    const answer = await showDialog({
+      title: `Delete schedule ${name}?`,
+      body: 'It will not run again. Jobs it already made, and their notebooks, stay.',
+      buttons: [Dialog.cancelButton({ label: 'Keep' }), Dialog.warnButton({ label: 'Delete' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    try {
+      await this.model.client.deleteDefinition(id);
+    } catch (err) {
+      void showErrorMessage(`Could not delete schedule #${id}`, (err as Error).message);
+    }
+    await this.model.refreshDefinitions();
   }
 
   private renderLeases(leases: ReturnType<typeof queueRow>[]): Node[] {

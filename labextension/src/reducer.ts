@@ -66,11 +66,53 @@ export function touchesCluster(event: IEvent): boolean {
   return event.kind === 'state' || event.kind === 'node' || event.kind === 'submitted';
 }
 
+/**
+ * True when an event may have changed a recurring definition: created, paused, resumed,
+ * deleted, skipped, or fired (its job's `submitted` event names the definition).
+ */
+export function touchesDefinitions(event: IEvent): boolean {
+  return (
+    event.kind === 'definition' ||
+    (event.kind === 'submitted' && event.detail?.definition_id !== undefined)
+  );
+}
+
 /** A notification to show the user about one of their jobs. */
 export interface INotice {
   jobId: number;
   level: 'success' | 'error' | 'warning';
   message: string;
+  /** The executed notebook of a notebook job (server-root relative), once fetched. */
+  output?: string;
+}
+
+/** The executed notebook a finished notebook job left beside its input, if any yet. */
+export function outputNotebook(job: Pick<IJob, 'spec'>): string | null {
+  return job.spec.labels?.output_notebook ?? null;
+}
+
+/**
+ * Whether a notice should wait for the job's executed notebook: a notebook job that ran to
+ * an end the server collects results for, with no output named yet. The server fetches it
+ * after the state change and announces it with a `notebook_output` event.
+ */
+export function awaitsOutput(notice: INotice, job: Pick<IJob, 'spec' | 'state'>): boolean {
+  return (
+    notice.output === undefined &&
+    job.spec.kind === 'notebook' &&
+    (job.state === 'succeeded' || job.state === 'failed')
+  );
+}
+
+/** The notice completed by a `notebook_output` event about its job, or null if unrelated. */
+export function withOutput(notice: INotice, event: IEvent): INotice | null {
+  if (event.kind !== 'notebook_output' || event.job_id !== notice.jobId) {
+    return null;
+  }
+  const output =
+    (event.job ? outputNotebook(event.job) : null) ??
+    (typeof event.detail?.notebook === 'string' ? event.detail.notebook : null);
+  return output ? { ...notice, output } : notice;
 }
 
 /** What the panel knew when it loaded, so history replayed on connect stays quiet. */
@@ -115,7 +157,8 @@ export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): 
       message += `: exit code ${job.exit_code}`;
     }
   }
-  return { jobId: job.id, level, message };
+  const output = outputNotebook(job);
+  return output ? { jobId: job.id, level, message, output } : { jobId: job.id, level, message };
 }
 
 /** The notice gate for a first `GET jobs` answer of at most `limit` jobs. */

@@ -1,15 +1,9 @@
 /**
- * The request that submits a notebook as a batch job: one small pure function.
- *
- * Until the server runs notebook jobs itself, the notebook is executed as a script job by
- * `jupyter nbconvert --execute` (or papermill, when parameters are given), writing
- * `<name>-<timestamp>.ipynb` beside the input. When notebook jobs land, set
- * {@link NOTEBOOK_JOBS} to true: the same input then becomes `{"kind": "notebook", ...}`.
+ * The `POST notebooks` body that submits a notebook as a batch job: one small pure function.
+ * The server runs the notebook (parameters injected after the cell tagged `parameters`) and
+ * writes the executed copy beside the input; a cron `at` stores a recurring definition.
  */
-import { IJobSpec, IWindow } from './types';
-
-/** Whether the server runs `kind: "notebook"` jobs (the batch-notebook backend). */
-export const NOTEBOOK_JOBS = false;
+import { INotebookSubmission, IWindow } from './types';
 
 /** When the job may start. */
 export type When = { kind: 'now' } | { kind: 'tonight' } | { kind: 'cron'; expr: string };
@@ -18,8 +12,6 @@ export type When = { kind: 'now' } | { kind: 'tonight' } | { kind: 'cron'; expr:
 export interface ISubmitInput {
   /** Notebook path relative to the server root, as the file browser names it. */
   path: string;
-  /** Absolute server root directory ('' if unknown: paths then stay relative). */
-  serverRoot: string;
   gpus: number;
   /** GPU memory per GPU in GB, or null for whole GPUs. */
   gpuMemGb: number | null;
@@ -30,28 +22,13 @@ export interface ISubmitInput {
 /** Thrown for input the request cannot express; the message says what to change. */
 export class SubmitInputError extends Error {}
 
-/** `YYYYMMDD-HHMMSS` in UTC: sortable, and safe in a file name. */
-export function timestamp(nowMs: number): string {
-  return new Date(nowMs)
-    .toISOString()
-    .replace(/\.\d+Z$/, '')
-    .replace(/[-:]/g, '')
-    .replace('T', '-');
-}
+/** Five cron fields (`0 22 * * 1-5`) or an @-macro (`@daily`), as the server reads them. */
+const CRON = /^(@[a-z]+|\S+(\s+\S+){4})$/;
 
-function joinPath(root: string, path: string): string {
-  if (!root) {
-    return path;
-  }
-  return `${root.replace(/\/+$/, '')}/${path.replace(/^\/+/, '')}`;
-}
-
-function dirname(path: string): string {
-  const i = path.lastIndexOf('/');
-  return i <= 0 ? (i === 0 ? '/' : '') : path.slice(0, i);
-}
-
-/** `tonight`: the start of the next window when the current one is not a night window. */
+/**
+ * `tonight` for the dialog's label: the end of the window in force when it is not a night
+ * window (the server decides the start itself; this only tells the user what to expect).
+ */
 export function tonightIso(window: IWindow | null, nowMs: number): string | null {
   if (!window || /night/i.test(window.name) || !window.until) {
     return null;
@@ -59,65 +36,58 @@ export function tonightIso(window: IWindow | null, nowMs: number): string | null
   return Date.parse(window.until) > nowMs ? window.until : null;
 }
 
+/** The browser's IANA time zone (`Europe/Berlin`), or null where Intl does not say. */
+export function browserTimezone(): string | null {
+  try {
+    return Intl.DateTimeFormat().resolvedOptions().timeZone || null;
+  } catch {
+    return null;
+  }
+}
+
 /**
- * The JobSpec JSON (without `user`: the server sets it) for submitting a notebook.
+ * The `POST notebooks` body for what the user chose.
  *
  * @param input what the user chose
- * @param nowMs the current time (names the output notebook)
- * @param window the policy window in force (for "tonight")
+ * @param timezone IANA zone a cron schedule is read in (the browser's), or null for the
+ *   policy's zone; only sent with a cron, where it matters
  */
-export function buildNotebookJob(
+export function buildNotebookRequest(
   input: ISubmitInput,
-  nowMs: number,
-  window: IWindow | null
-): IJobSpec {
+  timezone: string | null
+): INotebookSubmission {
   if (!input.path.endsWith('.ipynb')) {
     throw new SubmitInputError(`${input.path} is not a notebook (.ipynb)`);
   }
-  if (!Number.isInteger(input.gpus) || input.gpus < 0) {
-    throw new SubmitInputError('GPUs must be a whole number, 0 or more');
+  if (!Number.isInteger(input.gpus) || input.gpus < 0 || input.gpus > 64) {
+    throw new SubmitInputError('GPUs must be a whole number from 0 to 64');
   }
   if (input.gpuMemGb !== null && !(input.gpuMemGb > 0)) {
     throw new SubmitInputError('GPU memory must be more than 0 GB, or left empty for whole GPUs');
   }
-  const abs = joinPath(input.serverRoot, input.path);
-  const stem = input.path
-    .split('/')
-    .pop()!
-    .replace(/\.ipynb$/, '');
-  const outName = `${stem}-${timestamp(nowMs)}.ipynb`;
-  const spec: IJobSpec = { kind: 'script', name: `${stem}.ipynb`, gpus: input.gpus };
+  const body: INotebookSubmission = {
+    notebook: input.path.replace(/^\/+/, ''),
+    parameters: input.parameters,
+    gpus: input.gpus,
+    at: input.when.kind
+  };
   if (input.gpuMemGb !== null && input.gpus > 0) {
-    spec.gpu_mem_gb = input.gpuMemGb;
-  }
-  if (input.serverRoot) {
-    spec.workdir = dirname(abs);
-  }
-  if (input.when.kind === 'tonight') {
-    const at = tonightIso(window, nowMs);
-    if (at) {
-      spec.not_before = at;
-    }
-  }
-  if (NOTEBOOK_JOBS) {
-    return {
-      ...spec,
-      kind: 'notebook',
-      notebook: abs,
-      parameters: input.parameters,
-      ...(input.when.kind === 'cron' ? { labels: { cron: input.when.expr } } : {})
-    };
+    body.gpu_mem_gb = input.gpuMemGb;
   }
   if (input.when.kind === 'cron') {
-    throw new SubmitInputError(
-      'repeating runs (cron) need the server\'s notebook jobs; choose "now" or "tonight"'
-    );
+    const expr = input.when.expr.trim().replace(/\s+/g, ' ');
+    if (!CRON.test(expr)) {
+      throw new SubmitInputError(
+        'repeat needs a cron expression of five fields (minute hour day month weekday), ' +
+          'e.g. 0 22 * * 1-5 for 22:00 on weekdays'
+      );
+    }
+    body.at = expr;
+    if (timezone) {
+      body.timezone = timezone;
+    }
   }
-  const hasParams = Object.keys(input.parameters).length > 0;
-  spec.command = hasParams
-    ? ['papermill', abs, joinPath(dirname(abs), outName), '-y', JSON.stringify(input.parameters)]
-    : ['jupyter', 'nbconvert', '--to', 'notebook', '--execute', '--output', outName, abs];
-  return spec;
+  return body;
 }
 
 /**

@@ -1,7 +1,7 @@
 /** The "Submit to GPU queue" dialog body: GPUs, memory, parameters, when. */
 import { Widget } from '@lumino/widgets';
 import { h } from './dom';
-import { NOTEBOOK_JOBS, parseParameters, When } from './request';
+import { parseParameters, When } from './request';
 
 /** Raw choices of the dialog, parsed into request input by the caller. */
 export interface ISubmitChoice {
@@ -35,20 +35,24 @@ export class SubmitForm extends Widget {
   private cron = h('input', {
     type: 'text',
     name: 'cron',
-    placeholder: '0 22 * * 1-5',
-    disabled: !NOTEBOOK_JOBS
+    placeholder: '0 22 * * 1-5'
   });
 
-  constructor(path: string, tonight: string | null) {
+  /**
+   * @param path the notebook, relative to the server root
+   * @param tonight local time "tonight" starts, or null when the night window is on
+   * @param timezone the zone a cron schedule is read in (the browser's), for the label
+   */
+  constructor(path: string, tonight: string | null, timezone: string | null) {
     super();
     this.addClass('jp-gpusched-submit');
-    const radio = (value: string, label: string, checked = false, disabled = false) =>
-      h(
-        'label',
-        {},
-        h('input', { type: 'radio', name: 'when', value, checked, disabled }),
-        ` ${label}`
-      );
+    const radio = (value: string, label: string, checked = false) =>
+      h('label', {}, h('input', { type: 'radio', name: 'when', value, checked }), ` ${label}`);
+    // Typing a schedule means "repeat": pick that choice for the user.
+    this.cron.addEventListener('input', () => {
+      const repeat = this.node.querySelector('input[name=when][value=cron]') as HTMLInputElement;
+      repeat.checked = this.cron.value.trim() !== '';
+    });
     this.node.append(
       h('p', {}, h('code', {}, path)),
       h('label', {}, 'GPUs ', this.gpus),
@@ -68,12 +72,7 @@ export class SubmitForm extends Widget {
           'tonight',
           tonight ? `tonight (from ${tonight})` : 'tonight (the night window is on: starts now)'
         ),
-        radio(
-          'cron',
-          NOTEBOOK_JOBS ? 'repeat (cron)' : 'repeat (cron): needs server notebook jobs',
-          false,
-          !NOTEBOOK_JOBS
-        ),
+        radio('cron', timezone ? `repeat (cron, ${timezone} time)` : 'repeat (cron)'),
         this.cron
       )
     );

@@ -150,3 +150,39 @@ export interface IApiError {
   message: string;
   field?: string;
 }
+
+/** Body of `POST notebooks` (NotebookSubmission; only the fields the dialog sets). */
+export interface INotebookSubmission {
+  /** Path under the server's root directory. */
+  notebook: string;
+  parameters: Record<string, unknown>;
+  /** `now`, `tonight`, a window name, an ISO time, or a cron expression (recurring). */
+  at: string;
+  /** IANA zone of a cron `at`; the server's policy zone when left out. */
+  timezone?: string;
+  gpus: number;
+  gpu_mem_gb?: number;
+  name?: string;
+}
+
+/** A recurring notebook job (Definition). */
+export interface IDefinition {
+  id: number;
+  name: string | null;
+  user: string;
+  schedule: string;
+  timezone: string;
+  catch_up: 'skip' | 'once';
+  paused: boolean;
+  spec: IJobSpec;
+  next_fire_at?: string | null;
+  last_fired_at?: string | null;
+  last_job_id?: number | null;
+  fire_count: number;
+}
+
+/** Answer of `POST notebooks`: the queued job, or the stored definition (cron). */
+export interface INotebookSubmitted {
+  job: IJob | null;
+  definition: IDefinition | null;
+}

@@ -1,21 +1,26 @@
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { GpuschedClient } from '../src/api';
-import { GpuschedModel } from '../src/controller';
+import { GpuschedModel, OUTPUT_WAIT_MS } from '../src/controller';
 import { INotice } from '../src/reducer';
-import { IJob } from '../src/types';
+import { IDefinition, IJob } from '../src/types';
 import { cluster, gpu, job, node } from './fixtures';
 
 /** A client answering from memory: the model's REST calls without a server. */
-function client(jobs: IJob[], mine: IJob[]): GpuschedClient {
+function client(jobs: IJob[], mine: IJob[], definitions: IDefinition[] = []): GpuschedClient {
   return {
     cluster: async () => cluster([node('a100-0', [gpu(0)])]),
     jobs: async () => jobs,
-    whoami: async () => mine[0]?.user ?? null
+    whoami: async () => mine[0]?.user ?? null,
+    definitions: async () => definitions
   } as unknown as GpuschedClient;
 }
 
-async function started(jobs: IJob[], mine: IJob[]): Promise<[GpuschedModel, INotice[]]> {
-  const model = new GpuschedModel(client(jobs, mine));
+async function started(
+  jobs: IJob[],
+  mine: IJob[],
+  definitions: IDefinition[] = []
+): Promise<[GpuschedModel, INotice[]]> {
+  const model = new GpuschedModel(client(jobs, mine, definitions));
   // The websocket is not part of these tests: start() loads, then opens it.
   (model as unknown as { _events: object })._events = { close: () => undefined };
   (model as unknown as { _poll: number })._poll = 0;
@@ -24,6 +29,10 @@ async function started(jobs: IJob[], mine: IJob[]): Promise<[GpuschedModel, INot
   await model.start();
   return [model, notices];
 }
+
+afterEach(() => {
+  vi.useRealTimers();
+});
 
 describe('GpuschedModel', () => {
   it('learns my name from my newest job and notifies me when it finishes', async () => {
@@ -83,6 +92,53 @@ describe('GpuschedModel', () => {
     const model = new GpuschedModel(failing);
     await model.start();
     expect([model.status, model.error?.status]).toEqual(['error', 404]);
+    model.dispose();
+  });
+
+  it("holds a notebook job's notice until its executed notebook is fetched", async () => {
+    const spec = { kind: 'notebook' as const, notebook: 'a/nb.ipynb', name: 'nb.ipynb', gpus: 1 };
+    const mk = (id: number, labels: Record<string, string> = {}) =>
+      job(id, { state: 'succeeded', user: 'root', spec: { ...spec, labels } });
+    const [model, notices] = await started(
+      [
+        job(1, { state: 'running', user: 'root', spec }),
+        job(2, { state: 'running', user: 'root', spec })
+      ],
+      [job(1, { user: 'root' })]
+    );
+    vi.useFakeTimers();
+    model.apply({ id: 1, kind: 'state', job_id: 1, to_state: 'succeeded', job: mk(1) });
+    model.apply({ id: 2, kind: 'state', job_id: 2, to_state: 'succeeded', job: mk(2) });
+    expect(notices).toEqual([]);
+    const out = 'a/nb-20261123-090000-job1.ipynb';
+    model.apply({
+      id: 3,
+      kind: 'notebook_output',
+      job_id: 1,
+      detail: { notebook: out },
+      job: mk(1, { output_notebook: out })
+    });
+    expect(notices).toEqual([
+      { jobId: 1, level: 'success', message: 'GPU job #1 (nb.ipynb) succeeded', output: out }
+    ]);
+    // Job 2's notebook never comes: its notice shows without it.
+    vi.advanceTimersByTime(OUTPUT_WAIT_MS);
+    expect(notices.map(n => [n.jobId, n.output])).toEqual([
+      [1, out],
+      [2, undefined]
+    ]);
+    expect(model.state.jobs.get(1)!.spec.labels).toEqual({ output_notebook: out });
+    model.dispose();
+  });
+
+  it('loads my schedules and reloads them on definition events', async () => {
+    const d = { id: 1, schedule: '0 22 * * *', paused: false } as IDefinition;
+    const defs: IDefinition[] = [d];
+    const [model] = await started([], [], defs);
+    await vi.waitFor(() => expect(model.definitions).toEqual([d]));
+    defs.push({ ...d, id: 2 });
+    model.apply({ id: 5, kind: 'definition', detail: { definition_id: 2, action: 'created' } });
+    await vi.waitFor(() => expect(model.definitions?.map(x => x.id)).toEqual([1, 2]));
     model.dispose();
   });
 });

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { GPU_STATE_COLOURS, GPU_STATES } from '../src/colors';
 import {
+  definitionRow,
   formatDuration,
   gpuCell,
   jobName,
@@ -179,13 +180,63 @@ describe('queue rows', () => {
     expect(myLeases(jobs, null)).toEqual([]);
   });
 
-  it('names a notebook run by nbconvert after the notebook', () => {
+  it('names a script job that runs a notebook after the notebook', () => {
     const spec = {
       kind: 'script' as const,
       gpus: 1,
       command: ['jupyter', 'nbconvert', '--execute', '--output', 'x-1.ipynb', '/r/nb/train.ipynb']
     };
     expect(jobName({ spec })).toBe('train.ipynb');
+  });
+});
+
+describe('executed notebooks and schedules', () => {
+  it('offers the executed notebook once the server has fetched it', () => {
+    const spec = { kind: 'notebook' as const, notebook: 'exp/train.ipynb', gpus: 1 };
+    expect(queueRow(job(1, { state: 'running', spec }), NOW, 'alice').output).toBeNull();
+    const done = job(1, {
+      state: 'succeeded',
+      spec: { ...spec, labels: { output_notebook: 'exp/train-20261123-100000-job1.ipynb' } }
+    });
+    expect(queueRow(done, NOW, 'alice').output).toBe('exp/train-20261123-100000-job1.ipynb');
+  });
+
+  it('shows a schedule with its cron, zone, next run and runs', () => {
+    const d = {
+      id: 4,
+      name: null,
+      user: 'alice',
+      schedule: '0 22 * * 1-5',
+      timezone: 'Europe/Berlin',
+      catch_up: 'skip' as const,
+      paused: false,
+      spec: { kind: 'notebook' as const, notebook: 'exp/train.ipynb', gpus: 2, gpu_mem_gb: 16 },
+      next_fire_at: '2026-11-23T21:00:00+00:00',
+      last_fired_at: null,
+      last_job_id: null,
+      fire_count: 0
+    };
+    expect(definitionRow(d, NOW)).toEqual({
+      id: 4,
+      name: 'train.ipynb',
+      notebook: 'exp/train.ipynb',
+      schedule: '0 22 * * 1-5',
+      timezone: 'Europe/Berlin',
+      next: 'next 21:00',
+      paused: false,
+      gpus: '2 GPUs × 16 GB',
+      runs: 'no runs yet'
+    });
+    const paused = definitionRow(
+      { ...d, name: 'nightly', paused: true, fire_count: 3, last_job_id: 12 },
+      NOW
+    );
+    expect([paused.name, paused.next, paused.runs]).toEqual([
+      'nightly',
+      'paused',
+      '3 runs, last #12'
+    ]);
+    expect(definitionRow({ ...d, next_fire_at: null }, NOW).next).toBe('no next run');
   });
 });
 

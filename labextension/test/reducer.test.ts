@@ -1,11 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import {
   applyEvent,
+  awaitsOutput,
   initialState,
   noticeFor,
   noticeGate,
   touchesCluster,
-  withJobs
+  touchesDefinitions,
+  withJobs,
+  withOutput
 } from '../src/reducer';
 import { IEvent } from '../src/types';
 import { cluster, gpu, job, node } from './fixtures';
@@ -64,6 +67,13 @@ describe('applyEvent', () => {
     expect(touchesCluster({ kind: 'state' })).toBe(true);
     expect(touchesCluster({ kind: 'activity' })).toBe(false);
   });
+
+  it('reloads schedules on definition changes and on jobs a definition fired', () => {
+    expect(touchesDefinitions({ kind: 'definition', detail: { action: 'paused' } })).toBe(true);
+    expect(touchesDefinitions({ kind: 'submitted', detail: { definition_id: 3 } })).toBe(true);
+    expect(touchesDefinitions({ kind: 'submitted', detail: { user: 'alice' } })).toBe(false);
+    expect(touchesDefinitions({ kind: 'state', to_state: 'running' })).toBe(false);
+  });
 });
 
 describe('noticeFor', () => {
@@ -100,5 +110,62 @@ describe('noticeFor', () => {
     expect(noticeFor(finished('succeeded'), 'alice', loadedDone)).toBeNull();
     const full = noticeGate([job(50), job(51)], 2);
     expect(noticeFor(finished('succeeded'), 'alice', full)).toBeNull();
+  });
+});
+
+describe('the executed notebook of a notebook job', () => {
+  const nbJob = (state: 'succeeded' | 'failed', labels: Record<string, string> = {}) =>
+    job(7, {
+      state,
+      user: 'alice',
+      spec: { kind: 'notebook', notebook: 'exp/train.ipynb', name: 'train.ipynb', gpus: 1, labels }
+    });
+  const gate = noticeGate([job(7, { state: 'running' })], 200);
+  const ended = (j: ReturnType<typeof nbJob>): IEvent => ({
+    id: 30,
+    kind: 'state',
+    job_id: 7,
+    to_state: j.state,
+    job: j
+  });
+  const OUT = 'exp/train-20261123-100405-job7.ipynb';
+
+  it('waits for the output when the state change comes before the notebook is fetched', () => {
+    const notice = noticeFor(ended(nbJob('succeeded')), 'alice', gate)!;
+    expect(notice).not.toHaveProperty('output');
+    expect(awaitsOutput(notice, nbJob('succeeded'))).toBe(true);
+    const output: IEvent = {
+      id: 31,
+      kind: 'notebook_output',
+      job_id: 7,
+      detail: { notebook: OUT, log: 'exp/x.log', state: 'succeeded' },
+      job: nbJob('succeeded', { output_notebook: OUT })
+    };
+    expect(withOutput(notice, output)).toEqual({ ...notice, output: OUT });
+    expect(withOutput(notice, { ...output, job: null })).toEqual({ ...notice, output: OUT });
+    expect(withOutput(notice, { ...output, job_id: 8 })).toBeNull();
+    expect(withOutput(notice, { id: 32, kind: 'progress', job_id: 7 })).toBeNull();
+  });
+
+  it('names the output at once when the job already carries it', () => {
+    const done = nbJob('failed', { output_notebook: OUT });
+    const notice = noticeFor(ended(done), 'alice', gate)!;
+    expect(notice.output).toBe(OUT);
+    expect(awaitsOutput(notice, done)).toBe(false);
+  });
+
+  it('never waits for script jobs', () => {
+    const notice = noticeFor(
+      {
+        id: 33,
+        kind: 'state',
+        job_id: 5,
+        to_state: 'succeeded',
+        job: job(5, { state: 'succeeded' })
+      },
+      'alice',
+      noticeGate([job(5, { state: 'running' })], 200)
+    )!;
+    expect(awaitsOutput(notice, job(5, { state: 'succeeded' }))).toBe(false);
   });
 });

@@ -1,10 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import {
-  buildNotebookJob,
+  buildNotebookRequest,
   ISubmitInput,
   parseParameters,
   SubmitInputError,
-  timestamp,
   tonightIso
 } from '../src/request';
 
@@ -12,92 +11,71 @@ const NOW = Date.parse('2026-11-23T10:04:05.678Z');
 const DAY = { name: 'day', until: '2026-11-23T20:00:00+00:00', next_window: 'night' };
 const base: ISubmitInput = {
   path: 'exp/train.ipynb',
-  serverRoot: '/home/alice/work',
   gpus: 2,
   gpuMemGb: 16,
   parameters: {},
   when: { kind: 'now' }
 };
 
-describe('buildNotebookJob', () => {
-  it('runs the notebook with nbconvert as a script job, output beside it', () => {
-    expect(buildNotebookJob(base, NOW, DAY)).toEqual({
-      kind: 'script',
-      name: 'train.ipynb',
+describe('buildNotebookRequest', () => {
+  it('posts the notebook path relative to the server root, to run now', () => {
+    expect(buildNotebookRequest(base, 'Europe/Berlin')).toEqual({
+      notebook: 'exp/train.ipynb',
+      parameters: {},
       gpus: 2,
       gpu_mem_gb: 16,
-      workdir: '/home/alice/work/exp',
-      command: [
-        'jupyter',
-        'nbconvert',
-        '--to',
-        'notebook',
-        '--execute',
-        '--output',
-        'train-20261123-100405.ipynb',
-        '/home/alice/work/exp/train.ipynb'
-      ]
+      at: 'now'
     });
   });
 
-  it('passes parameters through papermill', () => {
-    const spec = buildNotebookJob({ ...base, parameters: { lr: 0.1, tag: 'a' } }, NOW, DAY);
-    expect(spec.command).toEqual([
-      'papermill',
-      '/home/alice/work/exp/train.ipynb',
-      '/home/alice/work/exp/train-20261123-100405.ipynb',
-      '-y',
-      '{"lr":0.1,"tag":"a"}'
-    ]);
+  it('passes parameters as they were parsed', () => {
+    const body = buildNotebookRequest({ ...base, parameters: { lr: 0.1, tag: 'a' } }, null);
+    expect(body.parameters).toEqual({ lr: 0.1, tag: 'a' });
   });
 
   it('asks for whole GPUs when no memory is given, and for none with 0 GPUs', () => {
-    expect(buildNotebookJob({ ...base, gpuMemGb: null }, NOW, DAY)).not.toHaveProperty(
+    expect(buildNotebookRequest({ ...base, gpuMemGb: null }, null)).not.toHaveProperty(
       'gpu_mem_gb'
     );
-    expect(buildNotebookJob({ ...base, gpus: 0 }, NOW, DAY)).not.toHaveProperty('gpu_mem_gb');
+    expect(buildNotebookRequest({ ...base, gpus: 0 }, null)).not.toHaveProperty('gpu_mem_gb');
   });
 
-  it('keeps a relative path and no workdir when the server root is unknown', () => {
-    const spec = buildNotebookJob({ ...base, serverRoot: '' }, NOW, DAY);
-    expect(spec.workdir).toBeUndefined();
-    expect(spec.command!.slice(-1)).toEqual(['exp/train.ipynb']);
+  it('leaves "tonight" to the server, with no time zone', () => {
+    const body = buildNotebookRequest({ ...base, when: { kind: 'tonight' } }, 'Europe/Berlin');
+    expect(body.at).toBe('tonight');
+    expect(body).not.toHaveProperty('timezone');
   });
 
-  it('starts "tonight" when the day window ends', () => {
-    expect(buildNotebookJob({ ...base, when: { kind: 'tonight' } }, NOW, DAY).not_before).toBe(
-      DAY.until
+  it('sends a cron as `at`, tidied, read in the browser time zone', () => {
+    const body = buildNotebookRequest(
+      { ...base, when: { kind: 'cron', expr: ' 0  22 * * 1-5 ' } },
+      'Europe/Berlin'
     );
-    const night = { name: 'night', until: '2026-11-24T08:00:00+00:00', next_window: 'day' };
-    expect(buildNotebookJob({ ...base, when: { kind: 'tonight' } }, NOW, night)).not.toHaveProperty(
-      'not_before'
-    );
-  });
-
-  it('refuses cron until the server runs notebook jobs', () => {
-    expect(() =>
-      buildNotebookJob({ ...base, when: { kind: 'cron', expr: '0 22 * * *' } }, NOW, DAY)
-    ).toThrow(SubmitInputError);
+    expect([body.at, body.timezone]).toEqual(['0 22 * * 1-5', 'Europe/Berlin']);
+    const macro = buildNotebookRequest({ ...base, when: { kind: 'cron', expr: '@daily' } }, null);
+    expect(macro.at).toBe('@daily');
+    expect(macro).not.toHaveProperty('timezone');
   });
 
   it.each([
     [{ path: 'train.py' }, /not a notebook/],
     [{ gpus: 1.5 }, /whole number/],
     [{ gpus: -1 }, /whole number/],
-    [{ gpuMemGb: 0 }, /more than 0 GB/]
-  ])('refuses %j', (over, message) => {
-    expect(() => buildNotebookJob({ ...base, ...over }, NOW, DAY)).toThrow(message);
+    [{ gpus: 65 }, /from 0 to 64/],
+    [{ gpuMemGb: 0 }, /more than 0 GB/],
+    [{ when: { kind: 'cron', expr: '' } }, /five fields/],
+    [{ when: { kind: 'cron', expr: '0 22 * *' } }, /five fields/]
+  ] as [Partial<ISubmitInput>, RegExp][])('refuses %j', (over, message) => {
+    expect(() => buildNotebookRequest({ ...base, ...over }, null)).toThrow(message);
+    expect(() => buildNotebookRequest({ ...base, ...over }, null)).toThrow(SubmitInputError);
   });
 });
 
 describe('helpers', () => {
-  it('stamps output names in sortable UTC', () => {
-    expect(timestamp(NOW)).toBe('20261123-100405');
-  });
-
   it('reads tonight from the window in force', () => {
     expect(tonightIso(DAY, NOW)).toBe(DAY.until);
     expect(tonightIso(DAY, Date.parse('2026-11-23T21:00:00Z'))).toBeNull();
+    expect(tonightIso({ name: 'night', until: '2026-11-24T08:00:00+00:00' }, NOW)).toBeNull();
     expect(tonightIso(null, NOW)).toBeNull();
   });
 
