@@ -66,14 +66,14 @@ def submit_main(argv: list[str]) -> int:
     p = _parser("submit", "Queue a script on the GPU cluster, e.g. "
                 "'jupyter gpusched submit --gpus 2 --mem 16G -- python train.py'.")
     p.add_argument("--gpus", type=int, default=1, help="GPUs, all on one node (default 1)")
-    p.add_argument("--mem", type=_size, help="GPU memory needed on each GPU, e.g. 16G")
+    p.add_argument("--mem", type=size_arg, help="GPU memory needed on each GPU, e.g. 16G")
     p.add_argument("--share", type=float, help="share of one GPU (0-1], e.g. 0.5")
     p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
-    p.add_argument("--host-mem", type=_size, help="host memory, e.g. 32G (default 4G)")
+    p.add_argument("--host-mem", type=size_arg, help="host memory, e.g. 32G (default 4G)")
     p.add_argument("--model", action="append", default=[], help="allowed GPU model (repeat)")
     p.add_argument("--name", help="display name")
     p.add_argument("--priority", choices=("interactive", "batch"), help="priority class")
-    p.add_argument("--max-runtime", type=_duration, help="stop after this long, e.g. 2h")
+    p.add_argument("--max-runtime", type=duration_arg, help="stop after this long, e.g. 2h")
     p.add_argument("--at", type=_when, help="do not start before this ISO time (with zone)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for the job (repeat)")
@@ -292,14 +292,16 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
 
 
-def _size(text: str) -> float:
+def size_arg(text: str) -> float:
+    """Argparse type for sizes like 16G, keeping our message on errors."""
     try:
         return parse_size_gb(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _duration(text: str) -> float:
+def duration_arg(text: str) -> float:
+    """Argparse type for durations like 2h, keeping our message on errors."""
     try:
         return parse_duration_s(text)
     except ValueError as exc:

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from .cli_client import _duration, _parser, _run, _size
+from .cli_client import _parser, _run, duration_arg, size_arg
 from .client import GpuSchedClient
 
 # ---------------------------------------------------------------------------- client calls
@@ -86,16 +86,17 @@ def submit_main(argv: list[str]) -> int:
     p.add_argument("--timezone", help="timezone of the cron (default: the policy's)")
     p.add_argument("--catch-up", choices=("skip", "once"), help="after downtime (cron only)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs, all on one node (default 1)")
-    p.add_argument("--mem", type=_size, help="GPU memory needed on each GPU, e.g. 16G")
+    p.add_argument("--mem", type=size_arg, help="GPU memory needed on each GPU, e.g. 16G")
     p.add_argument("--share", type=float, help="share of one GPU (0-1], e.g. 0.5")
     p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
-    p.add_argument("--host-mem", type=_size, help="host memory, e.g. 32G (default 4G)")
+    p.add_argument("--host-mem", type=size_arg, help="host memory, e.g. 32G (default 4G)")
     p.add_argument("--model", action="append", default=[], help="allowed GPU model (repeat)")
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
-    p.add_argument("--cell-timeout", type=_duration, help="stop a cell after this long, e.g. 10m")
-    p.add_argument("--max-runtime", type=_duration, help="stop the run after this long, e.g. 2h")
+    p.add_argument("--cell-timeout", type=duration_arg,
+                   help="stop a cell after this long, e.g. 10m")
+    p.add_argument("--max-runtime", type=duration_arg, help="stop the run after this long, e.g. 2h")
     p.add_argument("--retries", type=int, help="run a failed notebook again this many times")
-    p.add_argument("--retry-backoff", type=_duration, help="first wait before a retry (1m)")
+    p.add_argument("--retry-backoff", type=duration_arg, help="first wait before a retry (1m)")
     p.add_argument("--name", help="display name")
     p.add_argument("--priority", choices=("interactive", "batch"), help="priority class")
     p.add_argument("--wait", action="store_true", help="wait for the run; exit 1 if it failed")

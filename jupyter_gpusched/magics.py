@@ -29,10 +29,10 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from .cli_client import duration_arg, size_arg
 from .client import ApiError, GpuSchedClient, ServerInfo, find_server
 from .exceptions import GpuSchedError
 from .kernels import StopWaiting, beating, run_remote
-from .models import parse_duration_s, parse_size_gb
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -75,20 +75,6 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown
 
 
-def _size(text: str) -> float:
-    try:
-        return parse_size_gb(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration_s(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -101,17 +87,17 @@ def _positive_int(text: str) -> int:
 
 def _resources(p: _Parser) -> None:
     p.add_argument("--gpus", type=_positive_int, default=1, help="GPUs, on one node (default 1)")
-    p.add_argument("--mem", type=_size, help="GPU memory needed on each GPU, e.g. 16G")
+    p.add_argument("--mem", type=size_arg, help="GPU memory needed on each GPU, e.g. 16G")
     p.add_argument("--share", type=float, help="share of one GPU (0-1], e.g. 0.5")
     p.add_argument("--model", action="append", default=[], help="allowed GPU model, e.g. A100")
-    p.add_argument("--max-runtime", type=_duration, help="stop after this long, e.g. 2h")
+    p.add_argument("--max-runtime", type=duration_arg, help="stop after this long, e.g. 2h")
 
 
 def _cell_parser() -> _Parser:
     p = _Parser("%%gpu", description="Run this cell on a leased GPU (variables persist).")
     _resources(p)
     p.add_argument("--lease", default="default", help="lease name; one kernel per name")
-    p.add_argument("--timeout", type=_duration, help="give up waiting for the lease after this")
+    p.add_argument("--timeout", type=duration_arg, help="give up waiting for the lease after this")
     return p
 
 

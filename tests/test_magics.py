@@ -345,3 +345,14 @@ def test_bad_arguments_print_one_line_in_the_ipython_shell(
     assert not result.success
     assert captured.stdout == line.format(cwd=os.getcwd()) + "\n"
     assert captured.stderr == ""
+
+
+def test_importing_the_server_extension_does_not_import_ipython() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, jupyter_gpusched, jupyter_gpusched.extension, "
+            "jupyter_gpusched.handlers, jupyter_gpusched.scheduler; "
+            "print('IPython' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

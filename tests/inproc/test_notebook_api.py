@@ -4,36 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
+from _fixtures_server import conforms
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
-
-OPENAPI = yaml.safe_load(
-    resources.files("jupyter_gpusched").joinpath("openapi.yaml").read_text("utf-8")
-)
-_REGISTRY = Registry().with_resource(
-    "urn:openapi", Resource.from_contents(OPENAPI, default_specification=DRAFT202012)
-)
-
-
-def conforms(body: Any, schema: str) -> Any:
-    validator = Draft202012Validator(
-        {"$ref": f"urn:openapi#/components/schemas/{schema}"}, registry=_REGISTRY
-    )
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
-    assert not errors, errors
-    return body
-
 
 def is_error(resp: Any, status: int, error: str, field: str | None = None) -> dict:
     assert resp.code == status, (resp.code, resp.body)
