@@ -219,7 +219,8 @@ class GpuSchedClient:
         try:
             return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only
         except urllib.error.HTTPError as err:
-            raise _api_error(err) from None
+            with err:  # it holds the response (and its socket): read the body, then close
+                raise _api_error(err) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise ServerNotFoundError(f"cannot reach {self.url}: {reason}") from None

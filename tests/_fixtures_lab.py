@@ -165,6 +165,8 @@ def start_lab(
                 SIM_NODES
             ):
                 return server
+        except urllib.error.HTTPError as err:  # e.g. 503 until the scheduler runs
+            err.close()
         except (urllib.error.URLError, ConnectionError, KeyError, json.JSONDecodeError):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:

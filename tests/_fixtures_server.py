@@ -250,6 +250,8 @@ class ServerProcess:
                 with urllib.request.urlopen(req, timeout=5) as resp:
                     if resp.status == 200:
                         return self
+            except urllib.error.HTTPError as err:  # e.g. 503 until the scheduler runs
+                err.close()
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.1)
