@@ -1,10 +1,12 @@
 """Fixtures shared by every test module, and the split of the suite into two sessions.
 
-Tests under ``tests/inproc/`` drive an in-process Jupyter server through pytest-jupyter,
-which runs coroutine tests on its own event loop; loaded alongside pytest-asyncio's
-fixtures (the simulated cluster, the scheduler) it leaves their tasks on a loop that no
-longer runs. So ``make test`` runs them in a session of their own
-(``pytest -p pytest_jupyter.jupyter_server tests/inproc``), and a plain ``pytest`` skips them.
+Tests under ``tests/inproc/`` drive an in-process Jupyter server through pytest-jupyter.
+Once loaded, that plugin applies to the whole session: its hooks take over coroutine tests
+(running them on its own event loop) and its autouse fixtures open and close a loop and
+clean up a ServerApp around every test. The rest of the suite runs on pytest-asyncio's
+loops (the simulated cluster, the scheduler), so the two are kept apart: ``make test`` runs
+``tests/inproc`` in a session of its own (``pytest -p pytest_jupyter.jupyter_server
+tests/inproc``), and a plain ``pytest`` skips it.
 """
 
 from __future__ import annotations
