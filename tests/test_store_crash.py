@@ -103,13 +103,6 @@ def migrate_forever(url: str) -> None:
 # -- the tests -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'gpusched.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
 def store(store_url: str, clock: ManualClock) -> Iterator[Store]:
     st = Store(store_url, clock=clock)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
@@ -18,13 +17,6 @@ from jupyter_gpusched.orm import Base
 from jupyter_gpusched.store import VERSION_TABLE, Store, alembic_config
 
 TABLES = {"jobs", "events", "usage", "nodes"}
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'gpusched.db'}"
-    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
