@@ -36,9 +36,8 @@ the next time; ``"once"`` makes one run for the latest missed time. A firing up 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -56,7 +55,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from .clock import Clock
 from .exceptions import ForbiddenError, GpuSchedError, InvalidSpecError, NotFoundError
@@ -218,21 +217,6 @@ class Definitions:
         self.clock = clock
         self.misfire_grace_s = misfire_grace_s
         self.admins = admins
-        self._reads = sessionmaker(store.engine, expire_on_commit=False)
-        # The store's convention: SQLite writers take the write lock at BEGIN.
-        self._writes = sessionmaker(
-            store.engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
-        )
-
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[Session]:
-        with self._reads.begin() as s:
-            yield s
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[Session]:
-        with self._writes.begin() as s:
-            yield s
 
     # -- CRUD -------------------------------------------------------------------------------
     def create(self, spec: JobSpec, *, schedule: str, timezone: str = "UTC",
@@ -244,7 +228,7 @@ class Definitions:
             raise InvalidSpecError("not_before", "a recurring job starts at its schedule; "
                                    "leave not_before out")
         now = self.clock.now()
-        with self._write() as s:
+        with self.store.write_session() as s:
             row = DefinitionRow(
                 version=1, name=name or spec.name, username=spec.user, schedule=schedule.strip(),
                 timezone=timezone, catch_up=catch_up, paused=paused,
@@ -261,7 +245,7 @@ class Definitions:
 
     def get(self, definition_id: int, *, runs: int = 20) -> Definition:
         """One definition with its latest ``runs`` firings; :class:`NotFoundError` if absent."""
-        with self._read() as s:
+        with self.store.read_session() as s:
             row = _get(s, definition_id)
             return _definition(row, self._runs(s, [row.id], runs).get(row.id, []))
 
@@ -276,7 +260,7 @@ class Definitions:
         query = query.order_by(DefinitionRow.id).offset(offset)
         if limit is not None:
             query = query.limit(limit)
-        with self._read() as s:
+        with self.store.read_session() as s:
             rows = list(s.scalars(query))
             runs = self._runs(s, [r.id for r in rows], 5)
             return [_definition(r, runs.get(r.id, [])) for r in rows], s.scalar(count) or 0
@@ -286,7 +270,7 @@ class Definitions:
                catch_up: str | None = None, name: str | None = None) -> Definition:
         """Pause, resume or reschedule; resuming starts from the next time after now."""
         now = self.clock.now()
-        with self._write() as s:
+        with self.store.write_session() as s:
             row = _get(s, definition_id, lock=True)
             self._check_owner(row, user)
             if catch_up is not None:
@@ -315,7 +299,7 @@ class Definitions:
     def delete(self, definition_id: int, *, user: str) -> Definition:
         """Remove a definition and its firing records; jobs it made stay."""
         now = self.clock.now()
-        with self._write() as s:
+        with self.store.write_session() as s:
             row = _get(s, definition_id, lock=True)
             self._check_owner(row, user)
             gone = _definition(row, [])
@@ -344,7 +328,7 @@ class Definitions:
 
     def runs(self, definition_id: int) -> list[DefinitionRun]:
         """Every firing of a definition, oldest first."""
-        with self._read() as s:
+        with self.store.read_session() as s:
             rows = s.scalars(select(DefinitionRunRow)
                              .where(DefinitionRunRow.definition_id == definition_id)
                              .order_by(DefinitionRunRow.fire_at))
@@ -355,7 +339,7 @@ class Definitions:
     def fire_due(self, now: datetime | None = None) -> list[Job]:
         """Fire every definition due at ``now``; the jobs made (exactly one per firing)."""
         now = now or self.clock.now()
-        with self._read() as s:
+        with self.store.read_session() as s:
             due = list(s.execute(
                 select(DefinitionRow.id, DefinitionRow.version)
                 .where(DefinitionRow.paused.is_(False), DefinitionRow.next_fire_at <= now)
@@ -374,7 +358,7 @@ class Definitions:
 
     def _fire(self, def_id: int, version: int, now: datetime) -> int | None:
         """Claim one due definition and make its job, in one transaction; None if not ours."""
-        with self._read() as s:
+        with self.store.read_session() as s:
             row = s.get(DefinitionRow, def_id)
             if row is None or row.version != version or row.next_fire_at is None:
                 return None
@@ -393,7 +377,7 @@ class Definitions:
         fire = on_time or catch_up == "once"
         skipped = len(due) - (1 if fire else 0)
         try:
-            with self._write() as s:
+            with self.store.write_session() as s:
                 claimed = s.execute(
                     update(DefinitionRow)
                     .where(DefinitionRow.id == def_id, DefinitionRow.version == version,

@@ -36,7 +36,7 @@ from zoneinfo import ZoneInfo
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import ForeignKey, Integer, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column
 
 from . import policy
 from .definitions import Definitions, check_schedule, check_timezone
@@ -338,11 +338,6 @@ class NotebookPlugin:
             scheduler.store, clock=scheduler.clock, misfire_grace_s=misfire_grace_s,
             admins=frozenset(getattr(scheduler, "admins", ())),
         )
-        # The store's convention: SQLite writers take the write lock at BEGIN.
-        self._writes = sessionmaker(
-            scheduler.store.engine.execution_options(gpusched_begin="IMMEDIATE"),
-            expire_on_commit=False,
-        )
         self._followers: dict[int, asyncio.Task[None]] = {}
         self._last_tick: float | None = None
         self._closed = False
@@ -418,7 +413,7 @@ class NotebookPlugin:
     def _resume_offset(self, job_id: int) -> int:
         """Where the log was left (0 the first time); creates the job's progress row."""
         try:
-            with self._writes.begin() as s:
+            with self.store.write_session() as s:
                 row = s.get(ProgressRow, job_id)
                 if row is not None:
                     return int(row.log_offset)
@@ -467,7 +462,7 @@ class NotebookPlugin:
         keep = {k: detail[k] for k in ("cell", "of", "index", "source") if k in detail}
         keep["source"] = str(keep.get("source", ""))[:200]
         now = self.scheduler.clock.now()
-        with self._writes.begin() as s:
+        with self.store.write_session() as s:
             moved = s.execute(
                 update(ProgressRow)
                 .where(ProgressRow.job_id == job_id, ProgressRow.log_offset < offset)

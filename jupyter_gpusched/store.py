@@ -209,7 +209,7 @@ class Store:
     def add_job(self, spec: JobSpec) -> Job:
         """Queue a new job and log ``submitted``."""
         now = self._clock.now()
-        with self._write() as s:
+        with self.write_session() as s:
             row = JobRow(
                 state=JobState.QUEUED.value,
                 username=spec.user,
@@ -240,7 +240,7 @@ class Store:
 
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
-        with self._read() as s:
+        with self.read_session() as s:
             return _job(_get_row(s, job_id))
 
     def list_jobs(
@@ -286,7 +286,7 @@ class Store:
             column.desc() if desc else column.asc(), JobRow.id.desc() if desc else JobRow.id.asc()
         )
         query = query.offset(offset) if limit is None else query.limit(limit).offset(offset)
-        with self._read() as s:
+        with self.read_session() as s:
             total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
             return [_job(r) for r in s.scalars(query)], total
 
@@ -320,7 +320,7 @@ class Store:
         to_state = JobState(to_state)
         _check_fields("transition", fields, _TRANSITION_FIELDS)
         now = self._clock.now()
-        with self._write() as s:
+        with self.write_session() as s:
             row = _get_row(s, job_id, for_update=True)
             current = JobState(row.state)
             if expect is not None and current is not JobState(expect):
@@ -366,7 +366,7 @@ class Store:
         """
         _check_fields("update_job", fields, _UPDATE_FIELDS)
         now = self._clock.now()
-        with self._write() as s:
+        with self.write_session() as s:
             row = _get_row(s, job_id, for_update=True)
             if "spec" in fields:
                 fields["spec"] = spec = JobSpec.model_validate(fields["spec"])
@@ -396,19 +396,19 @@ class Store:
         query = select(EventRow).where(EventRow.id > after_id)
         if job_id is not None:
             query = query.where(EventRow.job_id == job_id)
-        with self._read() as s:
+        with self.read_session() as s:
             return [_event(r) for r in s.scalars(query.order_by(EventRow.id).limit(limit))]
 
     def last_event_id(self) -> int:
         """Id of the newest event, 0 when none: where a live follower starts."""
-        with self._read() as s:
+        with self.read_session() as s:
             return s.scalar(select(func.max(EventRow.id))) or 0
 
     def add_event(
         self, kind: str, *, job_id: int | None = None, detail: Mapping[str, Any] | None = None
     ) -> Event:
         """Log a notable action that is not a job state change (node down, policy window...)."""
-        with self._write() as s:
+        with self.write_session() as s:
             if job_id is not None:
                 _get_row(s, job_id)
             row = EventRow(
@@ -438,7 +438,7 @@ class Store:
             .where(or_(UsageRow.finished_at.is_(None), UsageRow.finished_at >= since))
             .order_by(UsageRow.id)
         )
-        with self._read() as s:
+        with self.read_session() as s:
             return [(r.username, r.gpus, r.started_at, r.finished_at) for r in s.scalars(query)]
 
     def usage_by_user(self, *, since: datetime) -> dict[str, float]:
@@ -487,7 +487,7 @@ class Store:
         now = self._clock.now()
         for attempt in range(2):
             try:
-                with self._write() as s:
+                with self.write_session() as s:
                     row = s.get(NodeRow, name, with_for_update=self._for_update)
                     was_up: bool | None = None
                     if row is None:
@@ -519,7 +519,7 @@ class Store:
 
     def node_status(self) -> dict[str, NodeStatus]:
         """Every node's last recorded health, by name."""
-        with self._read() as s:
+        with self.read_session() as s:
             return {
                 r.name: NodeStatus(r.name, r.up, r.failures, r.detail, r.updated_at)
                 for r in s.scalars(select(NodeRow).order_by(NodeRow.name))
@@ -532,12 +532,18 @@ class Store:
         return self.dialect != "sqlite"
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[Session]:
+    def read_session(self) -> Iterator[Session]:
+        """A read-only transaction (a consistent snapshot on PostgreSQL)."""
         with self._reads.begin() as s:
             yield s
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[Session]:
+    def write_session(self) -> Iterator[Session]:
+        """A write transaction; on SQLite it holds the write lock from its first statement.
+
+        Features with tables of their own write through this, so their rows commit with the
+        job and event rows they add, under the same locking rules.
+        """
         try:
             with self._writes.begin() as s:
                 yield s
