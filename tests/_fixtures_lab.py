@@ -223,12 +223,24 @@ def open_lab(browser: Any, server: LabServer) -> Any:
 
 
 def show_sidebar(page: Any, widget_id: str) -> None:
-    """Show a left sidebar panel (clicking the tab of the shown one would collapse it)."""
+    """Show a left sidebar panel (clicking the tab of the shown one would collapse it).
+
+    JupyterLab restores the sidebar's layout from the workspace while the page settles, so
+    a tab that reads as current may still belong to a collapsed sidebar: click until shown.
+    """
     tab = page.locator(f'.jp-SideBar [data-id="{widget_id}"]')
     tab.wait_for(state="visible")
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
-    page.wait_for_selector(f"#{widget_id}", state="visible")
+    panel = page.locator(f"#{widget_id}")
+    for _ in range(5):
+        if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        try:
+            panel.wait_for(state="visible", timeout=4_000)
+            return
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: still collapsed
+            if "lm-mod-current" in (tab.get_attribute("class") or ""):
+                tab.click()  # expands the collapsed sidebar onto this tab
+    panel.wait_for(state="visible")
 
 
 @pytest.fixture
