@@ -159,8 +159,10 @@ class Scheduler:
         if not self.end_hooks:
             return
         if self._hooks_backlog is None:  # first tick after start: catch up on a crash
-            ended, _ = self.store.list_jobs(states=list(TERMINAL_STATES), limit=1_000_000)
-            self._hooks_backlog = {j.id for j in ended}
+            ended, _ = self.store.list_jobs(states=list(TERMINAL_STATES), limit=None)
+            self._hooks_backlog = {
+                j.id for j in ended if j.started_at and not j.handle.get("ended_hooks_done")
+            }
         pending, self._hooks_backlog = self._hooks_backlog, set()
         for job in (self.store.get_job(i) for i in sorted(pending)):
             if job.state not in TERMINAL_STATES:
