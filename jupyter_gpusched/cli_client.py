@@ -61,16 +61,21 @@ def _run(
 # ---------------------------------------------------------------------------- submit
 
 
-def submit_main(argv: list[str]) -> int:
-    """``submit [options] -- COMMAND...``: queue a script."""
-    p = _parser("submit", "Queue a script on the GPU cluster, e.g. "
-                "'jupyter gpusched submit --gpus 2 --mem 16G -- python train.py'.")
+def add_resource_args(p: argparse.ArgumentParser) -> None:
+    """What a job needs: GPUs (whole, by memory or a share), CPUs, host memory, models."""
     p.add_argument("--gpus", type=int, default=1, help="GPUs, all on one node (default 1)")
     p.add_argument("--mem", type=size_arg, help="GPU memory needed on each GPU, e.g. 16G")
     p.add_argument("--share", type=float, help="share of one GPU (0-1], e.g. 0.5")
     p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
     p.add_argument("--host-mem", type=size_arg, help="host memory, e.g. 32G (default 4G)")
     p.add_argument("--model", action="append", default=[], help="allowed GPU model (repeat)")
+
+
+def submit_main(argv: list[str]) -> int:
+    """``submit [options] -- COMMAND...``: queue a script."""
+    p = _parser("submit", "Queue a script on the GPU cluster, e.g. "
+                "'jupyter gpusched submit --gpus 2 --mem 16G -- python train.py'.")
+    add_resource_args(p)
     p.add_argument("--name", help="display name")
     p.add_argument("--priority", choices=("interactive", "batch"), help="priority class")
     p.add_argument("--max-runtime", type=duration_arg, help="stop after this long, e.g. 2h")

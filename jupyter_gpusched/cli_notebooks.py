@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from .cli_client import _parser, _run, duration_arg, size_arg
+from .cli_client import _parser, _run, add_resource_args, duration_arg
 from .client import GpuSchedClient
 
 # ---------------------------------------------------------------------------- client calls
@@ -85,12 +85,7 @@ def submit_main(argv: list[str]) -> int:
                    "cron expression like '0 2 * * *' (a recurring definition)")
     p.add_argument("--timezone", help="timezone of the cron (default: the policy's)")
     p.add_argument("--catch-up", choices=("skip", "once"), help="after downtime (cron only)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs, all on one node (default 1)")
-    p.add_argument("--mem", type=size_arg, help="GPU memory needed on each GPU, e.g. 16G")
-    p.add_argument("--share", type=float, help="share of one GPU (0-1], e.g. 0.5")
-    p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
-    p.add_argument("--host-mem", type=size_arg, help="host memory, e.g. 32G (default 4G)")
-    p.add_argument("--model", action="append", default=[], help="allowed GPU model (repeat)")
+    add_resource_args(p)
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
     p.add_argument("--cell-timeout", type=duration_arg,
                    help="stop a cell after this long, e.g. 10m")

@@ -29,7 +29,10 @@ from typing import Any
 import asyncssh
 
 import jupyter_gpusched
-from jupyter_gpusched.ssh import NodeConfig
+from jupyter_gpusched.clock import ManualClock
+from jupyter_gpusched.cluster import JobStatus
+from jupyter_gpusched.models import Job, JobSpec
+from jupyter_gpusched.ssh import NodeConfig, SshBackend
 
 REPO_ROOT = Path(jupyter_gpusched.__file__).resolve().parent.parent
 FAKE_NVIDIA_SMI = Path(__file__).resolve().parent / "data" / "fake-nvidia-smi"
@@ -402,3 +405,19 @@ def running_sshd() -> Iterator[Sshd]:
     finally:
         sshd.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def script_job(job_id: int, command: list[str], clock: ManualClock, **spec: Any) -> Job:
+    """A script job as the scheduler would hand it to the backend."""
+    return Job(id=job_id, spec=JobSpec(kind="script", command=command, **spec),
+               submitted_at=clock.now())
+
+
+async def ended(backend: SshBackend, job: Job) -> JobStatus:
+    """Poll until the job ended (20 s at most); its final status."""
+    for _ in range(400):
+        status = await backend.poll(job)
+        if not status.running:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job.id} still running after 20 s")

@@ -8,17 +8,23 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 import pytest
 import pytest_asyncio
-from _fixtures_ssh import InProcessSshServer, fake_gpu_bin, gpu_state, kill_marked
+from _fixtures_ssh import (
+    InProcessSshServer,
+    ended,
+    fake_gpu_bin,
+    gpu_state,
+    kill_marked,
+    script_job,
+)
 
 from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.cluster import GpuProcess, JobStatus
+from jupyter_gpusched.cluster import GpuProcess
 from jupyter_gpusched.exceptions import BackendError, HostKeyError
-from jupyter_gpusched.models import Job, JobSpec, Placement
+from jupyter_gpusched.models import Job, Placement
 from jupyter_gpusched.ssh import NodeConfig, SshBackend
 
 UUIDS = [g["uuid"] for g in gpu_state(4)["gpus"]]
@@ -43,11 +49,6 @@ async def backend(server: InProcessSshServer, clock: ManualClock) -> AsyncIterat
     await b.close()
 
 
-def script_job(job_id: int, command: list[str], clock: ManualClock, **spec: Any) -> Job:
-    return Job(id=job_id, spec=JobSpec(kind="script", command=command, **spec),
-               submitted_at=clock.now())
-
-
 def on(gpus: list[int], uuids: list[str] | None = None, node: str = "n0") -> Placement:
     return Placement(node=node, gpu_indices=gpus,
                      gpu_uuids=[UUIDS[i] for i in gpus] if uuids is None else uuids)
@@ -56,15 +57,6 @@ def on(gpus: list[int], uuids: list[str] | None = None, node: str = "n0") -> Pla
 async def started(backend: SshBackend, job: Job, placement: Placement) -> Job:
     result = await backend.launch(job, placement)
     return job.model_copy(update={"handle": result.handle, "placement": placement})
-
-
-async def ended(backend: SshBackend, job: Job) -> JobStatus:
-    for _ in range(400):
-        status = await backend.poll(job)
-        if not status.running:
-            return status
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job.id} still running after 20 s")
 
 
 @pytest.mark.asyncio

@@ -16,12 +16,19 @@ from pathlib import Path
 import asyncssh
 import pytest
 import pytest_asyncio
-from _fixtures_ssh import SSHD, Sshd, gpu_state, running_sshd, world_readable_dir
+from _fixtures_ssh import (
+    SSHD,
+    Sshd,
+    ended,
+    gpu_state,
+    running_sshd,
+    script_job,
+    world_readable_dir,
+)
 
 from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.cluster import JobStatus
 from jupyter_gpusched.exceptions import HostKeyError
-from jupyter_gpusched.models import Job, JobSpec, Placement
+from jupyter_gpusched.models import Job, Placement
 from jupyter_gpusched.ssh import SshBackend
 
 pytestmark = [
@@ -48,24 +55,10 @@ async def backend(sshd: Sshd, clock: ManualClock) -> AsyncIterator[SshBackend]:
     await b.close()
 
 
-def script_job(job_id: int, command: list[str], clock: ManualClock, **spec: object) -> Job:
-    return Job(id=job_id, spec=JobSpec(kind="script", command=command, **spec),
-               submitted_at=clock.now())
-
-
 async def started(backend: SshBackend, job: Job, gpus: list[int]) -> Job:
     placement = Placement(node="sshd0", gpu_indices=gpus, gpu_uuids=[UUIDS[i] for i in gpus])
     result = await backend.launch(job, placement)
     return job.model_copy(update={"handle": result.handle, "placement": placement})
-
-
-async def ended(backend: SshBackend, job: Job) -> JobStatus:
-    for _ in range(400):
-        status = await backend.poll(job)
-        if not status.running:
-            return status
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job.id} still running after 20 s")
 
 
 @pytest.mark.asyncio
