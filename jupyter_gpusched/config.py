@@ -23,7 +23,7 @@ from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .models import parse_duration_s
-from .policy import (
+from .windows import (
     ALL_DAYS,
     DAY_NAMES,
     DEFAULT_WINDOWS,

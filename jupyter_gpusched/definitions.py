@@ -22,7 +22,7 @@ Cron in a timezone, across DST
 ------------------------------
 Schedules are evaluated in local wall-clock time (croniter on naive local times); each matching
 local time fires once, at the first instant the local clock reads it -- the rule the policy
-windows use (:func:`jupyter_gpusched.policy.local_boundary`). So in spring a time inside the
+windows use (:func:`jupyter_gpusched.windows.local_boundary`). So in spring a time inside the
 skipped hour fires at the jump (02:30 on 2026-03-29 in Europe/Berlin fires at 03:00 CEST), and
 in autumn an ambiguous time fires once, at its first occurrence (hourly jobs get no second
 02:00 on 2026-10-25).
@@ -61,8 +61,8 @@ from .clock import Clock
 from .exceptions import ForbiddenError, GpuSchedError, InvalidSpecError, NotFoundError
 from .models import Job, JobSpec, JobState
 from .orm import Base, EventRow, JobRow
-from .policy import local_boundary
 from .store import Store, add_event_row
+from .windows import local_boundary
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from .cli_client import format_cluster, format_queue
 from .clock import OffsetClock, SystemClock
 from .models import Job, JobState, parse_spec
-from .policy import PolicyConfig
 from .scheduler import Scheduler
 from .sim import SimCluster
 from .ssh import SshBackend
 from .store import Store
+from .windows import PolicyConfig
 
 #: The demo runs as if it were Monday 10:00 UTC: the day window is in force.
 DEMO_START = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)

@@ -38,7 +38,7 @@ from sqlalchemy import ForeignKey, Integer, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
-from . import policy
+from . import windows
 from .definitions import Definitions, check_schedule, check_timezone
 from .exceptions import GpuSchedError, InvalidSpecError, NotFoundError
 from .models import ACTIVE_STATES, Job, JobKind, JobSpec, JobState, PriorityClass, parse_spec
@@ -160,7 +160,7 @@ def is_cron(text: str) -> bool:
     return text.startswith("@") or len(text.split()) == 5
 
 
-def next_batch_window(config: policy.PolicyConfig, now: datetime) -> datetime:
+def next_batch_window(config: windows.PolicyConfig, now: datetime) -> datetime:
     """When "tonight" begins: now, or the next start of a window without a batch time limit.
 
     A window "admits batch work" when batch jobs started in it have no runtime limit and it
@@ -168,7 +168,7 @@ def next_batch_window(config: policy.PolicyConfig, now: datetime) -> datetime:
     """
     t = now
     for _ in range(64):  # windows repeat weekly: a few dozen boundaries cover every case
-        active = policy.resolve_window(config, t)
+        active = windows.resolve_window(config, t)
         w = active.window
         if w.batch_max_runtime_s is None and w.interactive_reserved_share < 1.0:
             return t
@@ -179,11 +179,11 @@ def next_batch_window(config: policy.PolicyConfig, now: datetime) -> datetime:
                            "give a time (ISO) or a cron expression instead of 'tonight'")
 
 
-def next_window(config: policy.PolicyConfig, now: datetime, name: str) -> datetime:
+def next_window(config: windows.PolicyConfig, now: datetime, name: str) -> datetime:
     """Now if window ``name`` is in force, else the start of its next occurrence."""
     t = now
     for _ in range(64):
-        active = policy.resolve_window(config, t)
+        active = windows.resolve_window(config, t)
         if active.window.name.lower() == name.lower():
             return t
         if active.until is None:
@@ -193,7 +193,7 @@ def next_window(config: policy.PolicyConfig, now: datetime, name: str) -> dateti
 
 
 def resolve_at(
-    at: str, config: policy.PolicyConfig, now: datetime, tz_name: str | None = None
+    at: str, config: windows.PolicyConfig, now: datetime, tz_name: str | None = None
 ) -> tuple[datetime | None, str | None]:
     """``(not_before, schedule)`` for ``at``: a start time (None = now) or a cron schedule."""
     text = at.strip()
@@ -222,7 +222,7 @@ def resolve_at(
 
 
 def build_submission(
-    request: NotebookRequest, *, user: str, root_dir: str, config: policy.PolicyConfig,
+    request: NotebookRequest, *, user: str, root_dir: str, config: windows.PolicyConfig,
     now: datetime, recurring: bool | None = None,
 ) -> Submission:
     """Check a notebook request and turn it into a job spec (and schedule, when recurring).

@@ -13,7 +13,7 @@ from traitlets.config import Config
 from traitlets.config.loader import ConfigFileNotFound, JSONFileConfigLoader, PyFileConfigLoader
 
 from .config import GpuSchedPolicy
-from .policy import PolicyConfig, local_boundary, policy_view
+from .windows import PolicyConfig, local_boundary, policy_view
 
 _AT_HELP = "'now', '2026-11-23 09:00' (policy timezone) or '2026-11-23T09:00+01:00'"
 

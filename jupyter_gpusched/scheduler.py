@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import packer, policy
+from . import packer, policy, windows
 from .clock import Clock
 from .cluster import Backend, JobStatus, NodeInventory
 from .events import EventHub
@@ -58,7 +58,7 @@ class Scheduler:
         *,
         store: Store,
         backend: Backend,
-        policy: policy.PolicyConfig,
+        policy: windows.PolicyConfig,
         clock: Clock,
         packer_policy: str = "fragmentation",
         tick_interval_s: float = 1.0,
@@ -143,7 +143,7 @@ class Scheduler:
         """One scheduling pass."""
         async with self._tick_lock:
             now = self.clock.now()
-            active = policy.resolve_window(self.policy, now)
+            active = windows.resolve_window(self.policy, now)
             await self._refresh_inventory()
             await self._poll_active()
             await self._reap_stale()
@@ -327,7 +327,7 @@ class Scheduler:
         return any(n.name == name and not n.up for n in self._inventory)
 
     # ------------------------------------------------------------------ limits
-    async def _enforce_limits(self, now: datetime, active: policy.ActiveWindow) -> None:
+    async def _enforce_limits(self, now: datetime, active: windows.ActiveWindow) -> None:
         jobs, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
         stops = []
         for job in jobs:
@@ -376,7 +376,7 @@ class Scheduler:
         state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
         return state, dict(state.index)
 
-    async def _schedule(self, now: datetime, active: policy.ActiveWindow) -> None:
+    async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
         queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
         if not queued:
             self._positions = {}
@@ -422,7 +422,7 @@ class Scheduler:
             await self._launch(job, reply, active)
 
     def _admission_context(
-        self, now: datetime, active: policy.ActiveWindow, state: packer.ClusterState
+        self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
     ) -> policy.AdmissionContext:
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         records = self.store.usage_records(since=now - timedelta(days=1))
@@ -470,7 +470,9 @@ class Scheduler:
         await asyncio.gather(*(self._stop(by_id[v], "preempt", "preempted") for v in victims))
         return True
 
-    async def _launch(self, job: Job, reply: packer.PackReply, active: policy.ActiveWindow) -> None:
+    async def _launch(
+        self, job: Job, reply: packer.PackReply, active: windows.ActiveWindow
+    ) -> None:
         assert reply.node_name is not None
         node = next(n for n in self._inventory if n.name == reply.node_name)
         uuids = {g.index: g.uuid for g in node.gpus}
@@ -635,7 +637,7 @@ class Scheduler:
         _, queued = self.store.list_jobs(states=[JobState.QUEUED], limit=0)
         return ClusterSnapshot(
             inventory=self._inventory, state=state, jobs=active_jobs, queued=queued,
-            window=policy.resolve_window(self.policy, now), now=now,
+            window=windows.resolve_window(self.policy, now), now=now,
         )
 
     def cluster_view(self) -> dict[str, Any]:
@@ -645,10 +647,10 @@ class Scheduler:
     def policy_view(self, at: datetime | None = None) -> dict[str, Any]:
         """Which rules hold at ``at`` (default now), and why."""
         when = at or self.clock.now()
-        active = policy.resolve_window(self.policy, when)
+        active = windows.resolve_window(self.policy, when)
         return {
-            "window": policy.window_dict(active),
-            "explanation": policy.explain(self.policy, when),
+            "window": windows.window_dict(active),
+            "explanation": windows.explain(self.policy, when),
         }
 
     async def notify(self) -> None:
@@ -679,7 +681,7 @@ def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list
     return [policy.UsageRecord(*row) for row in rows]
 
 
-def _runtime_limit(job: Job, active: policy.ActiveWindow) -> float | None:
+def _runtime_limit(job: Job, active: windows.ActiveWindow) -> float | None:
     limits = [job.spec.max_runtime_s]
     if job.spec.priority_class is PriorityClass.BATCH:
         limits.append(policy.batch_runtime_limit_s(active.window))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import packer, policy
+from . import packer, windows
 from .cluster import NodeInventory
 from .models import Job, PriorityClass
 
@@ -26,7 +26,7 @@ class ClusterSnapshot:
     state: packer.ClusterState
     jobs: list[Job]  # jobs holding GPUs (starting, running)
     queued: int
-    window: policy.ActiveWindow
+    window: windows.ActiveWindow
     now: datetime
 
 
@@ -95,7 +95,7 @@ def cluster_view(snap: ClusterSnapshot) -> dict[str, Any]:
     return {
         "nodes": nodes,
         "metrics": figures,
-        "window": policy.window_dict(snap.window),
+        "window": windows.window_dict(snap.window),
         "queue": {"queued": snap.queued, "running": len(snap.jobs)},
         "at": snap.now.isoformat(),
     }

@@ -15,7 +15,7 @@ from typing import Any
 import nbformat
 import pytest_asyncio
 
-from jupyter_gpusched import policy
+from jupyter_gpusched import windows
 from jupyter_gpusched.clock import ManualClock, SystemClock
 from jupyter_gpusched.models import Job, JobState
 from jupyter_gpusched.notebooks import NotebookPlugin, build_submission, parse_request
@@ -68,11 +68,11 @@ class NbHarness:
     """Scheduler + SSH backend + notebook plugin on a sim cluster, driven tick by tick."""
 
     def __init__(self, sim: SimCluster, root: Path, clock: ManualClock,
-                 config: policy.PolicyConfig | None = None) -> None:
+                 config: windows.PolicyConfig | None = None) -> None:
         self.sim = sim
         self.root = root
         self.clock = clock
-        self.config = config or policy.PolicyConfig()
+        self.config = config or windows.PolicyConfig()
         self.store = Store(f"sqlite:///{root / 'gpusched.db'}", clock=clock)
         backend = SshBackend(sim.node_configs(), clock=SystemClock(), down_after_failures=2,
                              backoff_base_s=0.05, backoff_max_s=0.2)

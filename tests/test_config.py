@@ -11,8 +11,8 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpusched.config import GpuSchedPolicy, parse_days, window_from_dict, window_to_dict
-from jupyter_gpusched.policy import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
 from jupyter_gpusched.policy_cli import load_config
+from jupyter_gpusched.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
 
 
 def policy_from(**traits: Any) -> PolicyConfig:

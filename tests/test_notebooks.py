@@ -18,7 +18,7 @@ from _fixtures_notebooks import (
     write_notebook,
 )
 
-from jupyter_gpusched import policy
+from jupyter_gpusched import windows
 from jupyter_gpusched.exceptions import InvalidSpecError, NotFoundError
 from jupyter_gpusched.models import Job, JobState, parse_spec
 from jupyter_gpusched.notebooks import (
@@ -175,18 +175,18 @@ async def test_a_failed_notebook_is_retried_after_its_backoff(nb_harness: NbHarn
 
 
 def test_tonight_is_the_next_window_without_a_batch_time_limit() -> None:
-    config = policy.PolicyConfig()  # day Mon-Fri 08-20 limits batch to 4 h; night does not
+    config = windows.PolicyConfig()  # day Mon-Fri 08-20 limits batch to 4 h; night does not
     assert next_batch_window(config, MONDAY_9AM) == datetime(2026, 11, 23, 20, 0,
                                                              tzinfo=UTC)
     saturday = datetime(2026, 11, 28, 11, 0, tzinfo=UTC)
     assert next_batch_window(config, saturday) == saturday
-    berlin = policy.PolicyConfig(timezone="Europe/Berlin")
+    berlin = windows.PolicyConfig(timezone="Europe/Berlin")
     assert next_batch_window(berlin, MONDAY_9AM) == datetime(2026, 11, 23, 19, 0,
                                                              tzinfo=UTC)
 
 
 def test_at_reads_now_tonight_window_names_iso_times_and_cron() -> None:
-    config = policy.PolicyConfig(timezone="Europe/Berlin")
+    config = windows.PolicyConfig(timezone="Europe/Berlin")
     evening = datetime(2026, 11, 23, 19, 0, tzinfo=UTC)
     assert resolve_at("now", config, MONDAY_9AM) == (None, None)
     assert resolve_at("tonight", config, MONDAY_9AM) == (evening, None)
@@ -204,7 +204,7 @@ def test_at_reads_now_tonight_window_names_iso_times_and_cron() -> None:
 
 
 def test_tonight_is_refused_when_every_window_limits_batch_work() -> None:
-    strict = policy.PolicyConfig(windows=(policy.Window("always", batch_max_runtime_s=3600),))
+    strict = windows.PolicyConfig(windows=(windows.Window("always", batch_max_runtime_s=3600),))
     with pytest.raises(InvalidSpecError, match="no policy window"):
         next_batch_window(strict, MONDAY_9AM)
 
@@ -215,7 +215,7 @@ def test_submissions_refuse_paths_outside_the_root_and_bad_parameter_names(
     root = tmp_path / "root"
     write_notebook(root / "ok.ipynb", ["1"])
     write_notebook(tmp_path / "outside.ipynb", ["1"])
-    config = policy.PolicyConfig()
+    config = windows.PolicyConfig()
 
     def submit(**body: object):  # type: ignore[no-untyped-def]
         return build_submission(parse_request(body), user="bob", root_dir=str(root),
@@ -255,9 +255,9 @@ def test_the_command_runs_nbrun_on_the_staged_copy_with_json_parameters() -> Non
 
 
 def test_windows_named_like_words_are_resolved_by_name() -> None:
-    config = policy.PolicyConfig(windows=(
-        policy.Window("lunch", start=time(12, 0), end=time(13, 0)),
-        policy.Window("rest"),
+    config = windows.PolicyConfig(windows=(
+        windows.Window("lunch", start=time(12, 0), end=time(13, 0)),
+        windows.Window("rest"),
     ))
     assert resolve_at("lunch", config, MONDAY_9AM) == (
         datetime(2026, 11, 23, 12, 0, tzinfo=UTC), None)

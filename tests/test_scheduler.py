@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from jupyter_gpusched import policy
+from jupyter_gpusched import windows
 from jupyter_gpusched.clock import ManualClock, SystemClock
 from jupyter_gpusched.exceptions import ConflictError, ForbiddenError, InfeasibleError
 from jupyter_gpusched.models import Job, JobKind, JobState, parse_spec
@@ -40,7 +40,7 @@ class Harness:
     """A scheduler on a temp store and the sim cluster, driven tick by tick."""
 
     def __init__(self, sim: SimCluster, db: Path, clock: ManualClock,
-                 config: policy.PolicyConfig, **kwargs: object) -> None:
+                 config: windows.PolicyConfig, **kwargs: object) -> None:
         self.sim = sim
         self.db = db
         self.clock = clock
@@ -91,7 +91,7 @@ class Harness:
 
 @pytest_asyncio.fixture
 async def harness(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(sim, tmp_path / "gpusched.db", ManualClock(MONDAY_9AM), policy.PolicyConfig())
+    h = Harness(sim, tmp_path / "gpusched.db", ManualClock(MONDAY_9AM), windows.PolicyConfig())
     await h.sched.start()
     try:
         yield h
@@ -224,8 +224,8 @@ async def test_batch_runtime_limit_of_the_day_window_stops_a_job(harness: Harnes
 async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
     sim: SimCluster, tmp_path: Path
 ) -> None:
-    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(MONDAY_9AM), policy.PolicyConfig(
-        windows=(policy.Window(name="day", preempt_batch=True),)),
+    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(MONDAY_9AM), windows.PolicyConfig(
+        windows=(windows.Window(name="day", preempt_batch=True),)),
         commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")})
     await h.sched.start()
     try:
@@ -250,7 +250,7 @@ async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
 async def test_idle_lease_is_reclaimed_after_the_window_timeout(
     sim: SimCluster, tmp_path: Path
 ) -> None:
-    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT), policy.PolicyConfig(),
+    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT), windows.PolicyConfig(),
                 commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")})
     await h.sched.start()
     try:
