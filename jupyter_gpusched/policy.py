@@ -426,8 +426,25 @@ def backfill_allowed(
     )
 
 
-def consume_spare(reservation: Reservation, gpus: float) -> Reservation:
-    """The reservation after a backfilled job took ``gpus`` of its node's spare GPUs."""
+def consume_spare(
+    reservation: Reservation,
+    gpus: float,
+    *,
+    node: str | None = None,
+    ends_at: datetime | None = None,
+) -> Reservation:
+    """The reservation after a job started beside it (on ``node``, expected to end ``ends_at``).
+
+    Only a job that still holds the reserved node's GPUs at the reserved start takes from its
+    spare GPUs: one on another node, or expected to end by then, leaves them alone. Unknown
+    node or end count against the spare (the conservative reading).
+    """
+    if reservation.start is None:
+        return reservation
+    if node is not None and reservation.node not in (None, "*", node):
+        return reservation
+    if ends_at is not None and _aware(ends_at) <= reservation.start:
+        return reservation
     return replace(reservation, spare_gpus=max(0.0, reservation.spare_gpus - gpus))
 
 

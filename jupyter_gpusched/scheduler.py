@@ -398,14 +398,20 @@ class Scheduler:
             if not admission.ok:
                 self._set_reason(job, admission.reason)
                 continue
-            reply = packer.pack(state, pack_request(job.spec), policy=self.packer_policy)
+            request = pack_request(job.spec)
+            reply = packer.pack(state, request, policy=self.packer_policy)
+            estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
                 backfill = policy.backfill_allowed(
-                    job, head, now, self._estimate(job), node=reply.node_name
+                    job, head, now, estimate, node=reply.node_name
                 )
                 if not backfill.ok:
-                    self._set_reason(job, backfill.reason)
-                    continue
+                    # Where the packer wanted it the job would delay the head: another node
+                    # never does, so try those before leaving it waiting.
+                    reply = self._pack_elsewhere(state, request, head.node)
+                    if reply.node is None:
+                        self._set_reason(job, backfill.reason)
+                        continue
             if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
                 if active.window.preempt_batch and await self._preempt_for(job, state):
                     self._set_reason(job, "waiting: batch jobs are being preempted for it")
@@ -416,10 +422,23 @@ class Scheduler:
                     head = self._reserved_start(job, now, state)
                 continue
             if head is not None:
-                head = policy.consume_spare(head, policy.job_gpus(job))
+                ends = now + timedelta(seconds=estimate)
+                head = policy.consume_spare(
+                    head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
+                )
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
             ctx = policy.add_to_context(ctx, job)
             await self._launch(job, reply, active)
+
+    def _pack_elsewhere(
+        self, state: packer.ClusterState, request: packer.PackRequest, avoid: str | None
+    ) -> packer.PackReply:
+        """The packer's choice with node ``avoid`` taken out (a copy: ``state`` is untouched)."""
+        trial = state
+        if avoid is not None and avoid in state.index:
+            trial = state.copy()
+            trial.set_node_up(avoid, False)
+        return packer.pack(trial, request, policy=self.packer_policy)  # rows match the state's
 
     def _admission_context(
         self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState

@@ -22,6 +22,7 @@ from jupyter_gpusched.policy import (
     backfill_allowed,
     batch_runtime_limit_s,
     choose_preemptions,
+    consume_spare,
     estimate_runtime_s,
     fair_share_usage,
     gpu_hours_today,
@@ -230,6 +231,16 @@ def test_backfill_only_when_it_cannot_delay_the_head() -> None:
         "waiting: would delay the queue's head, due to start at 2026-11-23T11:00+00:00"
     )
     assert not backfill_allowed(two, T0 + timedelta(hours=2), T0, 3 * 3600)
+
+
+def test_only_a_job_still_on_the_reserved_node_at_its_start_takes_the_spare() -> None:
+    reservation = Reservation(T0 + timedelta(hours=2), "a", 2.0)
+    taken = Reservation(T0 + timedelta(hours=2), "a", 1.0)
+    assert consume_spare(reservation, 1, node="b", ends_at=T0 + timedelta(hours=5)) == reservation
+    assert consume_spare(reservation, 1, node="a", ends_at=T0 + timedelta(hours=1)) == reservation
+    assert consume_spare(reservation, 1, node="a", ends_at=T0 + timedelta(hours=3)) == taken
+    assert consume_spare(reservation, 1) == taken  # unknown node and end: assume the worst
+    assert consume_spare(reservation, 5, node="a").spare_gpus == 0.0
 
 
 # ------------------------------------------------------------------ preemption and leases

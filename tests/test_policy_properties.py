@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from _fixtures_policy import T0, make_job
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jupyter_gpusched.policy import (
@@ -16,6 +16,7 @@ from jupyter_gpusched.policy import (
     UsageRecord,
     backfill_allowed,
     choose_preemptions,
+    consume_spare,
     fair_share_usage,
     order_queue,
     preemption_cost_gpu_s,
@@ -146,6 +147,40 @@ def test_allowed_backfill_never_delays_the_head(
     assert reservation.start is None or (
         delayed.start is not None and delayed.start <= reservation.start
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    running_on_nodes,
+    st.integers(1, 8),
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 900), st.sampled_from("abc")),
+             min_size=1, max_size=4),
+)
+# Node a frees 4 of its 8 GPUs at 2 h for a 6-GPU head (2 spare): one long 2-GPU job may take
+# the spare, a second may not.
+@example([("a", 4, 120), ("b", 4, 600), ("b", 4, 600), ("c", 4, 600), ("c", 4, 600)], 6,
+         [(2, 900, "a"), (2, 900, "a")])
+def test_a_run_of_allowed_backfills_never_delays_the_head(
+    running: list[tuple[str, int, int]], head_gpus: int, cands: list[tuple[int, int, str]]
+) -> None:
+    """What the scheduler does in one pass: backfill, then ``consume_spare``, repeatedly."""
+    free = {n: 8.0 - sum(g for m, g, _ in running if m == n) for n in "abc"}
+    if min(free.values()) < 0:
+        return
+    releases = [Release(n, g, T0 + timedelta(minutes=m)) for n, g, m in running]
+    reservation = first = reserved_start(head_gpus, releases, free, T0)
+    if first.start is None or first.start == T0:
+        return
+    for i, (gpus, minutes, node) in enumerate(cands):
+        ends = T0 + timedelta(minutes=minutes)
+        cand = make_job(100 + i, gpus=gpus)
+        if free[node] < gpus or not backfill_allowed(cand, reservation, T0, minutes * 60.0, node):
+            continue
+        free[node] -= gpus
+        releases.append(Release(node, gpus, ends))
+        reservation = consume_spare(reservation, gpus, node=node, ends_at=ends)
+    delayed = reserved_start(head_gpus, releases, free, T0)
+    assert delayed.start is not None and delayed.start <= first.start
 
 
 records = st.lists(

@@ -175,6 +175,30 @@ async def test_day_window_holds_batch_back_from_the_interactive_reserve(harness:
 
 
 @pytest.mark.asyncio
+async def test_backfill_goes_to_another_node_rather_than_delay_the_reserved_head(
+    harness: Harness,
+) -> None:
+    harness.clock.set(SATURDAY_NIGHT)  # no interactive reserve at night
+    sleep = py("import time; time.sleep(60)")
+    a100 = {"gpu_models": ["A100"]}
+    first = harness.submit(command=sleep, gpus=6, max_runtime_s=3600, **a100)
+    await harness.settle(first.id, state=JobState.RUNNING)
+    second = harness.submit(command=sleep, gpus=5, max_runtime_s=7200, **a100)
+    await harness.settle(second.id, state=JobState.RUNNING)
+    head = harness.submit(command=sleep, gpus=8, **a100)  # first's node is free first (1 h)
+    # The packer's best fit for 2 GPUs is first's node (2 free), but it would still run when
+    # the head is due there; the other A100 node (3 free) cannot delay the head.
+    backfill = harness.submit(command=sleep, gpus=2, max_runtime_s=3 * 3600, **a100)
+    await harness.settle(backfill.id, state=JobState.RUNNING)
+    placed = {j: harness.job(j).placement.node for j in (first.id, second.id, backfill.id)}  # type: ignore[union-attr]
+    assert placed[backfill.id] == placed[second.id] != placed[first.id]
+    waiting = harness.job(head.id)
+    assert waiting.state is JobState.QUEUED and "no room" in (waiting.reason or "")
+    for job in (first, second, backfill, head):
+        await harness.sched.cancel(job.id, user="alice")
+
+
+@pytest.mark.asyncio
 async def test_foreign_gpu_use_is_avoided(harness: Harness) -> None:
     for g in range(4):
         harness.sim.add_foreign_process("v100-0", g, mem_mb=1000)
