@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from jupyter_gpusched.exceptions import InvalidSpecError
+from jupyter_gpusched.fragmentation import slot_value
 from jupyter_gpusched.packer import (
     POLICIES,
     ClusterState,
@@ -81,6 +83,33 @@ def test_shared_gpus_are_packed_onto_one_gpu() -> None:
     replies = pack_many(state, [PackRequest(1, 0.5), PackRequest(1, 0.5)], policy="best_fit")
     assert [r.gpu_indices for r in replies] == [(0,), (0,)]
     assert state.gpu_free[0].tolist() == [0.0, 1.0]
+
+
+def test_fragmentation_opens_a_fresh_gpu_rather_than_strand_a_sliver() -> None:
+    # 0.47 + 0.32 leaves 0.21 that none of the mix's shapes can use; a fresh GPU with 0.32
+    # keeps room for a 0.65 (or two more 0.32s), and the 0.47 waits for another 0.47
+    state = cluster(NodeShape("t4-0", "T4", 16, 2, 16, 64))
+    shares = [PackRequest(1, x) for x in (0.47, 0.32, 0.65)]
+    mix = ShapeMix((*shares, PackRequest(1)), (1.0, 1.0, 1.0, 1.0))
+    state.allocate(pack(state, shares[0], shape_mix=mix))
+    reply = pack(state, shares[1], shape_mix=mix)
+    assert state.gpu_free[0, reply.gpu_indices[0]] == 1.0
+    state.allocate(reply)
+    assert pack(state, shares[2], shape_mix=mix).gpu_indices == reply.gpu_indices
+
+
+def test_slot_value_prices_gpu_sizes_by_how_they_pack() -> None:
+    halves = ShapeMix((PackRequest(1, 0.5), PackRequest(1)), (3.0, 1.0))
+    value = slot_value(halves)
+    assert value[[0, 499, 500, 999, 1000]].tolist() == pytest.approx([0, 0, 500, 500, 1000])
+    # 0.81 shares fit with nothing else in the mix: each costs a whole GPU. A 0.32 and a 0.65
+    # share one GPU, so together they cost one (how the LP splits it between them is its own).
+    big = ShapeMix((PackRequest(1, 0.81), PackRequest(1, 0.32), PackRequest(1, 0.65)), (1, 1, 1))
+    value = slot_value(big)
+    assert value[810] == pytest.approx(1000)
+    assert value[320] + value[650] == pytest.approx(1000)
+    assert value[970] == pytest.approx(1000)
+    assert (np.diff(value) >= -1e-9).all()  # more free share is never worth less
 
 
 def test_gpu_memory_request_becomes_a_share_of_each_nodes_gpu() -> None:

@@ -188,3 +188,25 @@ def test_deduplicated_refresh_places_like_row_by_row(
     assert [r[:2] for r in deduplicated] == [r[:2] for r in row_by_row]
     # a batch of rows may round the last bits of a score differently
     assert [r[2] for r in deduplicated] == pytest.approx([r[2] for r in row_by_row], abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4]), st.integers(1, 1000), st.floats(0.01, 10)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_slot_loss_is_never_negative(shapes: list[tuple[int, int, float]]) -> None:
+    mix = ShapeMix(
+        tuple(PackRequest(k, milli / 1000) for k, milli, _ in shapes),
+        tuple(w for _, _, w in shapes),
+    )
+    value = fragmentation.slot_value(mix)
+    assert value[0] == 0 and value[-1] <= 1000 + 1e-6
+    assert (np.diff(value) >= -1e-9).all()  # more room is never worth less
+    free = np.arange(1001)[:, None]
+    take = np.arange(1, 1001)[None, :]
+    loss = value[free] - value[take] - value[np.maximum(free - take, 0)]
+    assert (np.where(free >= take, loss, 0) >= -1e-6).all()
