@@ -34,7 +34,8 @@ from .windows import (
 
 _WINDOW_KEYS = {
     "name", "days", "start", "end", "interactive_reserved_share", "interactive_max_share",
-    "batch_max_runtime_s", "lease_idle_timeout_s", "preempt_batch", "interactive_first",
+    "batch_max_runtime_s", "lease_idle_timeout_s", "preempt_batch", "migrate_batch",
+    "interactive_first",
 }  # fmt: skip
 _QUOTA_KEYS = {"gpus_at_once", "gpu_hours_per_day"}
 
@@ -56,7 +57,9 @@ class GpuSchedPolicy(Configurable):
         "interactive_reserved_share (0-1 of GPUs batch may not take); interactive_max_share "
         "(0-1 of GPUs leases may hold); batch_max_runtime_s (seconds or '4h'; batch jobs started "
         "in the window are stopped after it); lease_idle_timeout_s (seconds or '30m'); "
-        "preempt_batch (bool); interactive_first (bool). A window with no days, start and end "
+        "preempt_batch (bool: batch may be stopped and requeued for waiting leases); "
+        "migrate_batch (bool: batch may be moved to other nodes to open one for a bigger "
+        "batch job); interactive_first (bool). A window with no days, start and end "
         "holds whenever no other does. Times are local wall-clock times: on DST change days "
         "a boundary at a skipped time (e.g. 02:30 in spring) falls at the jump, one at a "
         "repeated time at its first occurrence. "
@@ -247,7 +250,7 @@ def window_from_dict(data: Mapping[str, Any]) -> Window:
     for key in ("batch_max_runtime_s", "lease_idle_timeout_s"):
         if key in data:
             kwargs[key] = _parse_seconds(key, data[key])
-    for key in ("preempt_batch", "interactive_first"):
+    for key in ("preempt_batch", "migrate_batch", "interactive_first"):
         if key in data:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{key} {data[key]!r} must be true or false")
@@ -272,6 +275,7 @@ def window_to_dict(w: Window) -> dict[str, Any]:
         "batch_max_runtime_s": w.batch_max_runtime_s,
         "lease_idle_timeout_s": w.lease_idle_timeout_s,
         "preempt_batch": w.preempt_batch,
+        "migrate_batch": w.migrate_batch,
         "interactive_first": w.interactive_first,
     }
 

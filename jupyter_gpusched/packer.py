@@ -32,7 +32,7 @@ No I/O, no clock; randomness only from the caller's seed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -553,6 +553,8 @@ def pack(
     tie_break: str = "order",
     seed: int = 0,
     shape_mix: ShapeMix | None = None,
+    only: int | str | None = None,
+    exclude: Collection[int | str] = (),
 ) -> PackReply:
     """Choose a node and GPUs for one request; the state is not changed (see ``allocate``).
 
@@ -572,6 +574,9 @@ def pack(
         Seeds the node order or the random pick; the only source of randomness.
     shape_mix
         The shapes to keep room for (fragmentation policies only).
+    only, exclude
+        Choose this node or nothing; never choose these nodes (e.g. one kept for another
+        job). The reason given when nothing fits still speaks of the whole cluster.
     """
     _validate(request)
     if policy not in POLICIES:
@@ -585,6 +590,14 @@ def pack(
     score = f.score
     if policy == "fragmentation" and mix is not None and mix.model_demand and request.gpus:
         score = score + request.gpus * f.s * model_pressure(state, mix)[state.model_id]
+    if only is not None or exclude:
+        allowed = np.ones(state.n_nodes, dtype=bool)
+        if only is not None:
+            allowed[:] = False
+            allowed[state._node(only)] = True
+        for node in exclude:
+            allowed[state._node(node)] = False
+        score = np.where(allowed, score, _INF)
     best = score.min()
     if not np.isfinite(best):
         reason, ever = _explain(state, request)

@@ -8,6 +8,7 @@ raised for "not now". Which window's rules hold at an instant is :mod:`.windows`
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -464,13 +465,16 @@ class PreemptCandidate:
     started_at: datetime
     # Last checkpoint it reported (UTC); None = work since start is lost.
     checkpoint_at: datetime | None = None
+    # Node it runs on (for moves); None = unknown.
+    node: str | None = None
 
     @classmethod
     def from_job(cls, job: Job) -> PreemptCandidate:
         """From a running job; ``handle['checkpoint_at']`` (ISO) marks its last checkpoint."""
         mark = job.handle.get("checkpoint_at")
         checkpoint = datetime.fromisoformat(mark) if isinstance(mark, str) else None
-        return cls(job.id, job_gpus(job), job.started_at or job.submitted_at, checkpoint)
+        node = job.placement.node if job.placement is not None else None
+        return cls(job.id, job_gpus(job), job.started_at or job.submitted_at, checkpoint, node)
 
 
 def preemption_cost_gpu_s(c: PreemptCandidate, now: datetime) -> float:
@@ -552,3 +556,79 @@ def _local_time(at: datetime, now: datetime, tz: ZoneInfo) -> str:
     if local.date() == now.astimezone(tz).date():
         return local.strftime("%H:%M")
     return local.strftime("%a %Y-%m-%d %H:%M")
+
+
+# --------------------------------------------------------------------------------------------
+# Moving batch jobs to open a node
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Batch jobs to move off one node so a waiting batch job can start there now."""
+
+    # Node opened for the waiting job.
+    node: str
+    # Jobs to stop and requeue (they restart on other nodes).
+    job_ids: tuple[int, ...]
+    # Work they lose (GPU-seconds since their last checkpoints).
+    lost_gpu_s: float
+
+
+def choose_migration(
+    waiting_gpus: float,
+    free_gpus: Mapping[str, float],
+    running_batch: Sequence[PreemptCandidate | Job],
+    now: datetime,
+    reserved: datetime | None,
+    plan: Callable[[str, frozenset[int]], bool],
+    *,
+    window: Window | None = None,
+    max_nodes: int = 16,
+    max_plans: int = 2000,
+) -> Migration | None:
+    """The cheapest move of batch jobs off one node that lets a waiting job start now, or None.
+
+    Worth it only when the work the moved jobs lose (since their checkpoints) is less than
+    the GPU time the move puts to work: the waiting job's GPUs from now until ``reserved``,
+    when it would otherwise start (the moved jobs restart at once on GPUs idle now, so the
+    cluster runs the waiting job's GPUs more, not fewer). ``plan(node, ids)`` says whether,
+    with ``ids`` stopped, the waiting job fits on ``node`` and every stopped job still fits
+    somewhere else (the caller asks the packer). Nodes are tried in order of how few GPUs
+    must move; at most ``max_nodes`` of them and ``max_plans`` calls of ``plan``.
+    """
+    if (window is not None and not window.migrate_batch) or reserved is None or waiting_gpus <= 0:
+        return None
+    now = _aware(now)
+    gain = waiting_gpus * (reserved - now).total_seconds()
+    if gain <= 0:
+        return None
+    cands = [c if isinstance(c, PreemptCandidate) else PreemptCandidate.from_job(c)
+             for c in running_batch]  # fmt: skip
+    by_node: dict[str, list[PreemptCandidate]] = {}
+    for c in cands:
+        if c.node is not None:
+            by_node.setdefault(c.node, []).append(c)
+    need = {n: waiting_gpus - free_gpus.get(n, 0.0) for n in by_node}
+    nodes = sorted(
+        (n for n in by_node if 0 < need[n] <= sum(c.gpus for c in by_node[n]) + 1e-9),
+        key=lambda n: (need[n], n),
+    )[:max_nodes]
+    best: Migration | None = None
+    plans = 0
+    for node in nodes:
+        # The cheapest dozen per node: subsets of more would rarely be cheap enough anyway.
+        on = sorted(by_node[node], key=lambda c: (preemption_cost_gpu_s(c, now), c.job_id))[:12]
+        for k in range(1, len(on) + 1):
+            for group in itertools.combinations(on, k):
+                if sum(c.gpus for c in group) + 1e-9 < need[node]:
+                    continue
+                lost = sum(preemption_cost_gpu_s(c, now) for c in group)
+                if lost >= gain or (best is not None and lost >= best.lost_gpu_s):
+                    continue
+                if plans >= max_plans:
+                    return best
+                plans += 1
+                ids = frozenset(c.job_id for c in group)
+                if plan(node, ids):
+                    best = Migration(node, tuple(sorted(ids)), lost)
+    return best

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import packer, policy, windows
+from . import moves, packer, policy, windows
 from .clock import Clock
 from .cluster import Backend, JobStatus, NodeInventory
 from .events import EventHub
@@ -89,6 +89,9 @@ class Scheduler:
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
+        # node -> (queued job it is kept for, until when): set when batch jobs move off it
+        self._claims: dict[str, tuple[int, datetime]] = {}
+        self.claim_ttl_s = 900.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.stop_grace_s = 10.0
@@ -247,12 +250,12 @@ class Scheduler:
         code = status.exit_code
         ended = status.ended_at or self.clock.now()
         stopping = job.handle.get("stopping")
-        if stopping == "preempt":
+        if stopping in ("preempt", "migrate"):
             self._move(
-                job.id, JobState.PREEMPTED, reason="preempted for interactive work",
+                job.id, JobState.PREEMPTED, reason=job.handle.get("stop_reason"),
                 finished_at=ended, exit_code=code,
             )
-            self._requeue(job, "preempted: requeued")
+            self._requeue(job, f"{job.handle.get('stop_reason')}: requeued")
             return
         if stopping in ("cancel", "idle"):
             self._move(
@@ -388,6 +391,10 @@ class Scheduler:
         )
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
+        self._claims = {
+            node: (job_id, until) for node, (job_id, until) in self._claims.items()
+            if job_id in by_id and until > now
+        }  # fmt: skip
         self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
@@ -399,7 +406,8 @@ class Scheduler:
                 self._set_reason(job, admission.reason)
                 continue
             request = pack_request(job.spec)
-            reply = packer.pack(state, request, policy=self.packer_policy)
+            claimed = {n for n, (owner, _) in self._claims.items() if owner != job.id}
+            reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
             estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
                 backfill = policy.backfill_allowed(
@@ -408,7 +416,8 @@ class Scheduler:
                 if not backfill.ok:
                     # Where the packer wanted it the job would delay the head: another node
                     # never does, so try those before leaving it waiting.
-                    reply = self._pack_elsewhere(state, request, head.node)
+                    reply = packer.pack(state, request, policy=self.packer_policy,
+                                        exclude={*claimed, *([head.node] if head.node else [])})
                     if reply.node is None:
                         self._set_reason(job, backfill.reason)
                         continue
@@ -417,9 +426,19 @@ class Scheduler:
                     self._set_reason(job, "waiting: batch jobs are being preempted for it")
                     continue
             if reply.node is None:
+                mine = [n for n, (owner, _) in self._claims.items() if owner == job.id]
+                if mine:  # batch jobs are moving off its node: keep it for this job
+                    self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
+                    head = head or policy.Reservation(now, mine[0], 0.0)
+                    continue
                 self._set_reason(job, f"waiting: no room ({reply.reason})")
                 if head is None:
                     head = self._reserved_start(job, now, state)
+                    batch = job.spec.priority_class is PriorityClass.BATCH
+                    if batch and active.window.migrate_batch:
+                        node = await self._migrate_for(job, state, head, active.window)
+                        if node is not None:
+                            head = policy.Reservation(now, node, 0.0)
                 continue
             if head is not None:
                 ends = now + timedelta(seconds=estimate)
@@ -429,16 +448,6 @@ class Scheduler:
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
             ctx = policy.add_to_context(ctx, job)
             await self._launch(job, reply, active)
-
-    def _pack_elsewhere(
-        self, state: packer.ClusterState, request: packer.PackRequest, avoid: str | None
-    ) -> packer.PackReply:
-        """The packer's choice with node ``avoid`` taken out (a copy: ``state`` is untouched)."""
-        trial = state
-        if avoid is not None and avoid in state.index:
-            trial = state.copy()
-            trial.set_node_up(avoid, False)
-        return packer.pack(trial, request, policy=self.packer_policy)  # rows match the state's
 
     def _admission_context(
         self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
@@ -468,26 +477,36 @@ class Scheduler:
 
     async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
         running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
-        batch = [j for j in running if j.spec.priority_class is PriorityClass.BATCH]
-        by_id = {j.id: j for j in batch}
-        request = pack_request(lease.spec)
-
-        def fits(freed: frozenset[int]) -> bool:
-            trial = state.copy()
-            for jid in freed:
-                p = by_id[jid].placement
-                if p is not None and p.node in trial.node_names:
-                    trial.release(p.node, p.gpu_indices, p.share_per_gpu,
-                                  cpus=by_id[jid].spec.cpus, mem_gb=by_id[jid].spec.mem_gb)
-            return packer.pack(trial, request, policy=self.packer_policy).node is not None
-
-        victims = policy.choose_preemptions(
-            policy.job_gpus(lease), batch, self.clock.now(), fits
+        victims = moves.plan_preemption(
+            state, lease, running, self.clock.now(), packer_policy=self.packer_policy
         )
         if not victims:
             return False
-        await asyncio.gather(*(self._stop(by_id[v], "preempt", "preempted") for v in victims))
+        by_id = {j.id: j for j in running}
+        await asyncio.gather(*(
+            self._stop(by_id[v], "preempt", "preempted for interactive work") for v in victims
+        ))  # fmt: skip
         return True
+
+    async def _migrate_for(
+        self, job: Job, state: packer.ClusterState, head: policy.Reservation, window: windows.Window
+    ) -> str | None:
+        """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
+        now = self.clock.now()
+        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        plan = moves.plan_migration(
+            state, job, running, now, head.start, window=window, packer_policy=self.packer_policy
+        )
+        if plan is None:
+            return None
+        self._claims[plan.node] = (job.id, now + timedelta(seconds=self.claim_ttl_s))
+        self._set_reason(job, f"waiting: batch jobs are moving off {plan.node} for it")
+        by_id = {j.id: j for j in running}
+        await asyncio.gather(*(
+            self._stop(by_id[v], "migrate", f"moved to make room for job {job.id}")
+            for v in plan.job_ids
+        ))  # fmt: skip
+        return plan.node
 
     async def _launch(
         self, job: Job, reply: packer.PackReply, active: windows.ActiveWindow

@@ -60,6 +60,9 @@ class Window:
     lease_idle_timeout_s: float | None = None
     # Whether running batch jobs may be preempted (checkpoint signal, requeue) for leases.
     preempt_batch: bool = False
+    # Whether running batch jobs may be moved (checkpoint signal, requeue, restarted on other
+    # nodes) to open one node for a waiting batch job too big for any node's free GPUs.
+    migrate_batch: bool = False
     # Whether interactive work is queued ahead of batch; False = one class, fair share only.
     interactive_first: bool = True
 
@@ -107,6 +110,7 @@ DEFAULT_WINDOWS: tuple[Window, ...] = (
     Window(
         name="night",
         interactive_max_share=0.5,
+        migrate_batch=True,
         lease_idle_timeout_s=2 * 3600.0,
     ),
 )
@@ -317,6 +321,9 @@ def window_rules(w: Window) -> list[str]:
         + (_dur(w.lease_idle_timeout_s) if w.lease_idle_timeout_s else "never (no timeout)"),
         "batch jobs "
         + ("may be preempted for waiting leases" if w.preempt_batch else "are not preempted"),
+        "batch jobs "
+        + ("may be moved to open a node for a bigger batch job" if w.migrate_batch
+           else "are not moved"),
         "queue order: "
         + ("interactive first, then " if w.interactive_first else "one class, ")
         + "fair share, then age",
@@ -337,6 +344,7 @@ def window_dict(active: ActiveWindow) -> dict[str, object]:
         "batch_max_runtime_s": w.batch_max_runtime_s,
         "lease_idle_timeout_s": w.lease_idle_timeout_s,
         "preempt_batch": w.preempt_batch,
+        "migrate_batch": w.migrate_batch,
         "interactive_first": w.interactive_first,
     }
 

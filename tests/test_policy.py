@@ -13,6 +13,7 @@ from jupyter_gpusched import policy_cli
 from jupyter_gpusched.models import JobState
 from jupyter_gpusched.policy import (
     AdmissionContext,
+    Migration,
     PreemptCandidate,
     Release,
     Reservation,
@@ -21,6 +22,7 @@ from jupyter_gpusched.policy import (
     admit,
     backfill_allowed,
     batch_runtime_limit_s,
+    choose_migration,
     choose_preemptions,
     consume_spare,
     estimate_runtime_s,
@@ -335,3 +337,43 @@ def test_policy_cli_bad_time_prints_one_line_and_exits_2(
     assert captured.out == ""
     assert captured.err.count("\n") == 1
     assert "'next tuesday' is not a time" in captured.err
+
+
+# ------------------------------------------------------------------ moving batch jobs
+
+
+def _on(job_id: int, node: str, gpus: float, ran_h: float, checkpoint_h: float | None = None
+        ) -> PreemptCandidate:
+    """A candidate on ``node`` that started ``ran_h`` ago and checkpointed ``checkpoint_h`` ago."""
+    mark = None if checkpoint_h is None else T0 - timedelta(hours=checkpoint_h)
+    return PreemptCandidate(job_id, gpus, T0 - timedelta(hours=ran_h), mark, node)
+
+
+def test_migration_moves_the_cheapest_jobs_off_the_best_node() -> None:
+    running = [_on(1, "a", 2, 3, 0.5), _on(2, "a", 2, 3, 0.1), _on(3, "b", 6, 1)]
+    plan_calls: list[tuple[str, frozenset[int]]] = []
+
+    def plan(node: str, ids: frozenset[int]) -> bool:
+        plan_calls.append((node, ids))
+        return True
+
+    move = choose_migration(8, {"a": 4, "b": 2}, running, T0, T0 + timedelta(hours=2), plan,
+                            window=Window("night", migrate_batch=True))
+    # a needs 4 more GPUs: both of its jobs (0.6 h of 2 GPUs lost); b would lose 6 GPU-h
+    assert move == Migration("a", (1, 2), pytest.approx(2 * 0.6 * 3600))
+    assert plan_calls == [("a", frozenset({1, 2}))]
+
+
+def test_migration_only_when_the_work_lost_is_less_than_the_idle_time_saved() -> None:
+    running = [_on(1, "a", 4, 3)]  # no checkpoint: 12 GPU-h lost
+
+    def plan(node: str, ids: frozenset[int]) -> bool:
+        return True
+
+    night = Window("night", migrate_batch=True)
+    soon, late = T0 + timedelta(hours=1), T0 + timedelta(hours=2)  # 8 or 16 GPU-h idle saved
+    assert choose_migration(8, {"a": 4}, running, T0, soon, plan, window=night) is None
+    assert choose_migration(8, {"a": 4}, running, T0, late, plan, window=night) is not None
+    assert choose_migration(8, {"a": 4}, running, T0, late, plan, window=Window("day")) is None
+    assert choose_migration(8, {"a": 4}, running, T0, None, plan, window=night) is None
+    assert choose_migration(8, {"a": 4}, running, T0, late, lambda n, i: False) is None

@@ -17,7 +17,7 @@ from jupyter_gpusched.clock import ManualClock, SystemClock
 from jupyter_gpusched.exceptions import ConflictError, ForbiddenError, InfeasibleError
 from jupyter_gpusched.models import Job, JobKind, JobState, parse_spec
 from jupyter_gpusched.scheduler import Scheduler
-from jupyter_gpusched.sim import SimCluster
+from jupyter_gpusched.sim import SimCluster, SimNodeSpec
 from jupyter_gpusched.ssh import SshBackend
 from jupyter_gpusched.store import Store
 
@@ -268,6 +268,44 @@ async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
     finally:
         await h.sched.stop()
         h.sched.store.close()
+
+
+@pytest.mark.asyncio
+async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_path: Path) -> None:
+    nodes = (SimNodeSpec("big-a", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
+             SimNodeSpec("big-b", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
+             SimNodeSpec("small", "A100-80GB", 80, 2, cpus=8, mem_gb=64))
+    cluster = SimCluster(nodes=nodes, base_dir=tmp_path / "sim")
+    await cluster.start()
+    h = Harness(cluster, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT),
+                windows.PolicyConfig())
+    await h.sched.start()
+    sleep = {"command": py("import time; time.sleep(120)"), "max_runtime_s": 7200}
+    try:
+        filler = h.submit(gpus=2, **sleep)  # takes the small node: big nodes stay whole
+        await h.settle(filler.id, state=JobState.RUNNING)
+        small = h.submit(gpus=2, **sleep)
+        await h.settle(small.id, state=JobState.RUNNING)
+        wide = h.submit(gpus=7, **sleep)  # the other big node: 1 GPU left there
+        await h.settle(wide.id, state=JobState.RUNNING)
+        assert h.job(filler.id).placement.node == "small"  # type: ignore[union-attr]
+        await h.sched.cancel(filler.id, user="alice")
+        await h.settle(filler.id)
+        # 8 GPUs free in all, at most 6 on one node: moving `small` (2) opens a big node now,
+        # where waiting for the 2 h jobs to end would idle 8 GPUs for 2 h.
+        whole = h.submit(gpus=8, **sleep)
+        await h.settle(whole.id, small.id, state=JobState.RUNNING)
+        opened = h.job(small.id).placement.node  # type: ignore[union-attr]
+        assert opened == "small"
+        assert h.job(whole.id).placement.node not in ("small", h.job(wide.id).placement.node)  # type: ignore[union-attr]
+        assert h.job(small.id).attempt == 1
+        events = h.sched.store.list_events(job_id=small.id)
+        assert any(e.to_state is JobState.PREEMPTED and f"make room for job {whole.id}"
+                   in str(e.detail) for e in events)
+    finally:
+        await h.sched.stop()
+        h.sched.store.close()
+        await cluster.stop(kill_jobs=True)
 
 
 @pytest.mark.asyncio

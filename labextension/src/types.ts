@@ -110,6 +110,7 @@ export interface IWindow {
   interactive_max_share?: number;
   batch_max_runtime_s?: number | null;
   preempt_batch?: boolean;
+  migrate_batch?: boolean;
 }
 
 /** Fragmentation and capacity figures. */
