@@ -3,12 +3,16 @@ import { Widget } from '@lumino/widgets';
 import { GpuschedClient } from './api';
 import { h } from './dom';
 import { jobName } from './model';
+import { Progress, progressText, splitLog } from './progress';
 
 const LIVE = ['queued', 'starting', 'running'];
 
 export class LogView extends Widget {
   private pre = h('pre', { className: 'jp-gpusched-log-text' });
   private header = h('div', { className: 'jp-gpusched-log-header' });
+  private status = h('div', { className: 'jp-gpusched-log-progress' });
+  private held = '';
+  private progress: Progress | null = null;
   private abort = new AbortController();
   private bytes = 0;
 
@@ -21,7 +25,8 @@ export class LogView extends Widget {
     this.id = `gpusched-log-content-${jobId}`;
     this.title.label = `GPU job #${jobId} log`;
     this.title.closable = true;
-    this.node.append(this.header, this.pre);
+    this.node.append(this.header, this.status, this.pre);
+    this.status.hidden = true;
     this.header.textContent = `Job #${jobId}: waiting for its log…`;
     void this.follow();
   }
@@ -31,7 +36,14 @@ export class LogView extends Widget {
     super.dispose();
   }
 
-  private append(text: string): void {
+  private append(chunk: string): void {
+    const { text, progress, rest } = splitLog(this.held, chunk);
+    this.held = rest;
+    if (progress) {
+      this.progress = progress;
+      this.status.textContent = progressText(progress);
+      this.status.hidden = false;
+    }
     if (!text) {
       return;
     }
@@ -48,7 +60,11 @@ export class LogView extends Widget {
     const reason = job.reason ? ` · ${job.reason}` : '';
     this.header.textContent = `Job #${job.id} ${jobName(job)} · ${job.state}${code}${reason}`;
     this.header.dataset.state = job.state;
-    return LIVE.includes(job.state);
+    const live = LIVE.includes(job.state);
+    if (!live && this.progress) {
+      this.status.hidden = true; // the run is over: its last cell is no longer news
+    }
+    return live;
   }
 
   /** Follow the log until the job ends; reconnect from the last byte if the stream drops. */
