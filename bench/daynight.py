@@ -18,24 +18,27 @@ Workload (synthetic, diurnal, seeded; times in UTC, the policy's timezone; start
   checkpoints every 30 min, so a stop loses the work since the last checkpoint.
 
 Demand comes to about 90-100 % of the cluster's capacity (printed per run), so a batch
-backlog is there most nights. "Night" in the figures is the default policy's night window
-(weeknights 20:00-08:00 and weekends; "weeknights" shows the former alone); "day wait"
+backlog is there most nights. "Night util" in the figures is over the default policy's whole
+night window (weeknights 20:00-08:00 and all weekend); "20-08 util" over the night hours
+20:00-08:00 of all seven days; "weeknights" over Mon-Fri 20:00-08:00 alone. "Day wait"
 covers leases asked for Mon-Fri 08:00-20:00.
 Night utilization cannot exceed demand: where the batch queue runs dry, GPUs idle under
 every scheduler.
 
-Schedulers compared, all placing whole GPUs on one node by best fit (GPU counts per node; the
-packer module is not used so the comparison isolates the queue policy):
+Schedulers compared, all placing jobs with the product's packer (``packer.pack`` with the
+default policy, as the scheduler calls it; 16 CPUs and 128 GB per GPU so only GPUs bind):
 
 * ``fifo``: one queue in submission order; the head blocks everything behind it.
 * ``static``: node 0 only for interactive leases, nodes 1-3 only for batch; each partition
   starts jobs in submission order, skipping those that do not fit.
-* ``time-of-day``: ``jupyter_gpusched.policy`` with its default windows (day Mon-Fri
-  08:00-20:00: 25 % reserved for leases, at most 75 % interactive, batch started by day
-  stopped after 4 h, preemption for leases; night: no batch limit). Per pass:
+* ``time-of-day``: ``jupyter_gpusched.policy`` under the default windows of
+  ``jupyter_gpusched.windows`` (day Mon-Fri 08:00-20:00: 25 % reserved for leases, at
+  most 75 % interactive, batch started by day stopped after 4 h, preemption for leases;
+  night: no batch limit). Per pass:
   ``resolve_window`` -> ``fair_share_usage`` -> ``order_queue`` -> ``admit`` -> placement;
-  a lease that does not fit triggers ``choose_preemptions`` (by day); the first job that
-  cannot start gets ``reserved_start`` and later jobs start only if ``backfill_allowed``.
+  a lease that does not fit triggers ``choose_preemptions`` (by day; the packer says which
+  victims make room); the first job that cannot start gets ``reserved_start`` and later jobs
+  start only if ``backfill_allowed`` on the node the packer picks, else on another node.
   Stopped jobs (preempted, or undeclared ones reaching the day limit) requeue their
   remaining work.
 """
@@ -51,17 +54,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpusched import packer  # noqa: E402
 from jupyter_gpusched import policy as P  # noqa: E402
+from jupyter_gpusched import windows as W  # noqa: E402
+from jupyter_gpusched.inventory import pack_request  # noqa: E402
 from jupyter_gpusched.models import Job, JobKind, JobSpec  # noqa: E402
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)  # a Monday
 HOUR = 3600.0
 CHECKPOINT_S = 1800.0
+CLAIM_S = 900.0  # as Scheduler.claim_ttl_s
 
 
 # ------------------------------------------------------------------ workload
@@ -79,7 +87,7 @@ class SimJob:
     done_s: float = 0.0
     first_start_s: float | None = None
     start_s: float | None = None
-    node: int | None = None
+    reply: packer.PackReply | None = None  # where it runs
     epoch: int = 0  # bumps on every (re)start so stale finish events are ignored
     limit_s: float | None = None
     job: Job | None = None
@@ -161,9 +169,8 @@ class Sim:
     days: int
     warmup_days: int
     scheduler: str
-    config: P.PolicyConfig = field(default_factory=P.PolicyConfig)
+    config: W.PolicyConfig = field(default_factory=W.PolicyConfig)
     now_s: float = 0.0
-    free: list[int] = field(default_factory=list)
     queue: list[SimJob] = field(default_factory=list)
     running: dict[int, SimJob] = field(default_factory=dict)
     events: list[tuple[float, int, str, int, int]] = field(default_factory=list)
@@ -176,14 +183,24 @@ class Sim:
     night_busy_gpu_s: float = 0.0
     weeknight_s: float = 0.0
     weeknight_busy_gpu_s: float = 0.0
+    nights_s: float = 0.0
+    nights_busy_gpu_s: float = 0.0
     preemptions: int = 0
+    migrations: int = 0
+    claims: dict[str, tuple[int, float]] = field(default_factory=dict)
     limit_stops: int = 0
     lost_gpu_s: float = 0.0
     _usage_cache: tuple[float, dict[str, float]] = (-1.0, {})
-    _window: P.ActiveWindow | None = None
+    _window: W.ActiveWindow | None = None
 
     def __post_init__(self) -> None:
-        self.free = [self.per_node] * self.nodes
+        shapes = [
+            packer.NodeShape(f"n{i}", "SIM-80GB", 80.0, self.per_node, 16.0 * self.per_node,
+                             128.0 * self.per_node)
+            for i in range(self.nodes)
+        ]  # fmt: skip
+        self.state = packer.ClusterState.from_nodes(shapes)
+        self.names = self.state.node_names
         self.busy_by_hour = np.zeros((self.days, 24))
         self.busy_batch = 0
         self.busy_int = 0
@@ -192,6 +209,12 @@ class Sim:
     def total(self) -> int:
         return self.nodes * self.per_node
 
+    @property
+    def free(self) -> list[int]:
+        """Wholly free GPUs per node."""
+        whole = (self.state.gm == packer.MILLI) & self.state.valid
+        return [int(x) for x in whole.sum(axis=1)]
+
     def push(self, t: float, kind: str, job_id: int = 0, epoch: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, job_id, epoch))
@@ -199,10 +222,10 @@ class Sim:
     def when(self, t_s: float | None = None) -> datetime:
         return T0 + timedelta(seconds=self.now_s if t_s is None else t_s)
 
-    def window(self) -> P.ActiveWindow:
+    def window(self) -> W.ActiveWindow:
         now = self.when()
         if self._window is None or (self._window.until is not None and now >= self._window.until):
-            self._window = P.resolve_window(self.config, now)
+            self._window = W.resolve_window(self.config, now)
             if self._window.until is not None:  # act on the new rules at the boundary
                 self.push((self._window.until - T0).total_seconds(), "window")
         return self._window
@@ -224,15 +247,18 @@ class Sim:
                     if _weeknight(self.when()):
                         self.weeknight_s += dt
                         self.weeknight_busy_gpu_s += (self.busy_int + self.busy_batch) * dt
+                    if not 8 <= self.when().hour < 20:
+                        self.nights_s += dt
+                        self.nights_busy_gpu_s += (self.busy_int + self.busy_batch) * dt
             self.now_s = step_end
 
     def _is_night(self, t_s: float) -> bool:
-        return P.resolve_window(P.PolicyConfig(), self.when(t_s)).window.name == "night"
+        return W.resolve_window(W.PolicyConfig(), self.when(t_s)).window.name == "night"
 
     # -------------------------------------------------------------- start / stop
-    def start(self, j: SimJob, node: int, limit_s: float | None = None) -> None:
-        self.free[node] -= j.gpus
-        j.node, j.start_s, j.epoch, j.limit_s = node, self.now_s, j.epoch + 1, limit_s
+    def start(self, j: SimJob, reply: packer.PackReply, limit_s: float | None = None) -> None:
+        self.state.allocate(reply)
+        j.reply, j.start_s, j.epoch, j.limit_s = reply, self.now_s, j.epoch + 1, limit_s
         if j.first_start_s is None:
             j.first_start_s = self.now_s
         self.running[j.id] = j
@@ -246,9 +272,9 @@ class Sim:
             self.push(self.now_s + j.work_s, "finish", j.id, j.epoch)
 
     def stop(self, j: SimJob, *, requeue: bool) -> None:
-        assert j.node is not None and j.start_s is not None
+        assert j.reply is not None and j.start_s is not None
         ran = self.now_s - j.start_s
-        self.free[j.node] += j.gpus
+        self._release(self.state, j)
         del self.running[j.id]
         if j.interactive:
             self.busy_int -= j.gpus
@@ -260,7 +286,7 @@ class Sim:
             self.lost_gpu_s += (ran - kept) * j.gpus
             j.work_s -= kept
             j.done_s += kept
-            j.node = j.start_s = None
+            j.reply = j.start_s = None
             j.job = None
             self.queue.append(j)
         else:
@@ -268,25 +294,34 @@ class Sim:
             self.history.setdefault(j.user, []).append(j.done_s + ran)
 
     # -------------------------------------------------------------- passes
-    def best_fit(self, gpus: int, nodes: range | list[int]) -> list[int]:
-        return sorted((n for n in nodes if self.free[n] >= gpus), key=lambda n: (self.free[n], n))
+    @staticmethod
+    def _release(state: packer.ClusterState, j: SimJob) -> None:
+        assert j.reply is not None and j.reply.node is not None
+        r = j.reply
+        state.release(r.node, r.gpu_indices, r.share_per_gpu, cpus=r.cpus, mem_gb=r.mem_gb)
+
+    def place(
+        self, j: SimJob, state: packer.ClusterState | None = None, **where: Any
+    ) -> packer.PackReply | None:
+        """The packer's choice for ``j`` (``where``: ``only``/``exclude`` nodes), or None."""
+        reply = packer.pack(state or self.state, pack_request(as_job(j).spec), **where)
+        return reply if reply.node is not None else None
 
     def pass_fifo(self) -> None:
         self.queue.sort(key=lambda j: (j.submit_s, j.id))
         while self.queue:
-            fit = self.best_fit(self.queue[0].gpus, range(self.nodes))
-            if not fit:
+            reply = self.place(self.queue[0])
+            if reply is None:
                 return
-            self.start(self.queue.pop(0), fit[0])
+            self.start(self.queue.pop(0), reply)
 
     def pass_static(self) -> None:
         self.queue.sort(key=lambda j: (j.submit_s, j.id))
         for j in list(self.queue):
-            part = [0] if j.interactive else list(range(1, self.nodes))
-            fit = self.best_fit(j.gpus, part)
-            if fit:
+            reply = self.place(j, exclude=self.names[1:] if j.interactive else self.names[:1])
+            if reply is not None:
                 self.queue.remove(j)
-                self.start(j, fit[0])
+                self.start(j, reply)
 
     def estimate(self, j: SimJob) -> float:
         job = j.job or as_job(j)
@@ -312,6 +347,7 @@ class Sim:
         return self._usage_cache[1]
 
     def pass_policy(self) -> None:
+        """One scheduler pass, in the order ``Scheduler._schedule`` takes its steps."""
         now = self.when()
         active = self.window()
         w = active.window
@@ -319,6 +355,10 @@ class Sim:
             if j.job is None:
                 j.job = as_job(j)
         by_id = {j.id: j for j in self.queue}
+        self.claims = {
+            node: (job_id, until) for node, (job_id, until) in self.claims.items()
+            if job_id in by_id and until > self.now_s
+        }  # fmt: skip
         order = P.order_queue([j.job for j in self.queue if j.job], self.usage(now), now, w)
         ctx = P.AdmissionContext(
             window=w, now=now, total_gpus=self.total, timezone=self.config.timezone
@@ -333,60 +373,108 @@ class Sim:
             admission = P.admit(job, ctx)
             if not admission:
                 continue
-            fit = self.best_fit(j.gpus, range(self.nodes))
-            if reservation is not None:
+            claimed = {n for n, (owner, _) in self.claims.items() if owner != j.id}
+            reply = self.place(j, exclude=claimed)
+            if reservation is not None and reply is not None:
                 est = self.estimate(j)
-                ok = [n for n in fit if P.backfill_allowed(job, reservation, now, est, str(n))]
-                if fit and ok and ok[0] == int(reservation.node or -1):
-                    if now + timedelta(seconds=est) > (reservation.start or now):
-                        reservation = P.consume_spare(reservation, j.gpus)
-                fit = ok
-            if not fit and j.interactive and reservation is None:
-                fit = self.preempt_for(j, w, now)
-            if fit:
+                if not P.backfill_allowed(job, reservation, now, est, reply.node_name):
+                    reply = self.place(j, exclude={*claimed, str(reservation.node)})
+                if reply is not None:
+                    reservation = P.consume_spare(
+                        reservation, j.gpus, node=reply.node_name,
+                        ends_at=now + timedelta(seconds=est),
+                    )  # fmt: skip
+            if reply is None and j.interactive and reservation is None:
+                reply = self.preempt_for(j, w, now)
+            if reply is not None:
                 self.queue.remove(j)
-                self.start(j, fit[0], admission.runtime_limit_s)
+                self.start(j, reply, admission.runtime_limit_s)
                 ctx = P.add_to_context(ctx, job)
+            elif any(owner == j.id for owner, _ in self.claims.values()):
+                mine = next(n for n, (owner, _) in self.claims.items() if owner == j.id)
+                reservation = reservation or P.Reservation(now, mine, 0.0)
             elif reservation is None:
                 reservation = self.reserve(j, now)
+                if not j.interactive and w.migrate_batch:
+                    node = self.migrate_for(j, w, now, reservation)
+                    if node is not None:
+                        reservation = P.Reservation(now, node, 0.0)
 
-    def preempt_for(self, j: SimJob, w: P.Window, now: datetime) -> list[int]:
+    def checkpoint(self, r: SimJob) -> datetime:
+        """The last checkpoint of a running job (every CHECKPOINT_S since it started)."""
+        assert r.start_s is not None
+        kept = math.floor((self.now_s - r.start_s) / CHECKPOINT_S) * CHECKPOINT_S
+        return self.when(r.start_s + kept)
+
+    def preempt_for(self, j: SimJob, w: W.Window, now: datetime) -> packer.PackReply | None:
         batch = [r for r in self.running.values() if not r.interactive]
 
-        def checkpoint(r: SimJob) -> datetime:
-            assert r.start_s is not None
-            kept = math.floor((self.now_s - r.start_s) / CHECKPOINT_S) * CHECKPOINT_S
-            return self.when(r.start_s + kept)
-
         cands = [
-            P.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), checkpoint(r)) for r in batch
+            P.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r))
+            for r in batch
         ]
         by_id = {r.id: r for r in batch}
+        request = pack_request(as_job(j).spec)
 
         def fits(ids: frozenset[int]) -> bool:
-            freed = list(self.free)
+            trial = self.state.copy()
             for i in ids:
-                freed[by_id[i].node or 0] += by_id[i].gpus
-            return max(freed) >= j.gpus
+                self._release(trial, by_id[i])
+            return packer.pack(trial, request).node is not None
 
         victims = P.choose_preemptions(j.gpus, cands, now, fits, window=w)
         if not victims:
-            return []
+            return None
         for v in victims:
             self.preemptions += 1
             self.stop(by_id[v], requeue=True)
-        return self.best_fit(j.gpus, range(self.nodes))
+        return self.place(j)
+
+    def migrate_for(
+        self, j: SimJob, w: W.Window, now: datetime, reservation: P.Reservation
+    ) -> str | None:
+        """``moves.plan_migration`` on the sim's jobs: the node opened for ``j``, or None."""
+        batch = [r for r in self.running.values() if not r.interactive and r.reply is not None]
+        by_id = {r.id: r for r in batch}
+        cands = [
+            P.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r),
+                               str(r.reply.node_name) if r.reply else None)
+            for r in batch
+        ]  # fmt: skip
+
+        def plan(node: str, ids: frozenset[int]) -> bool:
+            moved = sorted((by_id[i] for i in ids), key=lambda r: -r.gpus)
+            trial = self.state.copy()
+            for r in moved:
+                self._release(trial, r)
+            for r, where in ((j, {"only": node}), *((r, {}) for r in moved)):
+                reply = self.place(r, trial, **where)
+                if reply is None:
+                    return False
+                trial.allocate(reply)
+            return True
+
+        free = {name: float(f) for name, f in zip(self.names, self.free, strict=True)}
+        move = P.choose_migration(j.gpus, free, cands, now, reservation.start, plan, window=w)
+        if move is None:
+            return None
+        for v in move.job_ids:
+            self.migrations += 1
+            self.stop(by_id[v], requeue=True)
+        self.claims[move.node] = (j.id, self.now_s + CLAIM_S)
+        self.push(self.now_s, "wake")  # the moved jobs restart in a pass right after this one
+        return move.node
 
     def reserve(self, j: SimJob, now: datetime) -> P.Reservation:
         releases = []
         for r in self.running.values():
-            assert r.start_s is not None
+            assert r.start_s is not None and r.reply is not None
             est = self.estimate(r) if not r.interactive else 3600.0
             if r.limit_s is not None:
                 est = min(est, r.limit_s)
             end = max(now, self.when(r.start_s + est))
-            releases.append(P.Release(str(r.node), r.gpus, end))
-        free = {str(n): float(f) for n, f in enumerate(self.free)}
+            releases.append(P.Release(str(r.reply.node_name), r.gpus, end))
+        free = {name: float(f) for name, f in zip(self.names, self.free, strict=True)}
         return P.reserved_start(j.gpus, releases, free, now)
 
     # -------------------------------------------------------------- run
@@ -443,12 +531,14 @@ class Sim:
             "interactive_wait_p99_min": float(np.percentile(waits, 99)) if waits else 0.0,
             "night_util": self.night_busy_gpu_s / (self.night_s * self.total),
             "weeknight_util": self.weeknight_busy_gpu_s / (self.weeknight_s * self.total),
+            "nights_util": self.nights_busy_gpu_s / (self.nights_s * self.total),
             "batch_gpu_h_at_night_per_day": self.batch_night_gpu_s
             / HOUR
             / (self.days - self.warmup_days),
             "util_overall": float(measured.sum() / (measured.size * HOUR * self.total)),
             "util_by_hour_weekdays": [round(float(u), 3) for u in util_by_hour],
             "preemptions": self.preemptions,
+            "migrations": self.migrations,
             "limit_stops": self.limit_stops,
             "lost_gpu_h": self.lost_gpu_s / HOUR,
             "batch_done": sum(1 for j in jobs if not j.interactive and j.finished_s is not None),
@@ -483,9 +573,9 @@ def main(argv: list[str] | None = None) -> int:
 
     head = (
         f"{'scheduler':<12} {'day wait p50':>12} {'day wait p95':>12} {'p99':>8} "
-        f"{'night util':>10} {'weeknights':>10} "
-        f"{'batch GPU-h/night':>17} {'util':>6} {'preempt':>7} {'limit':>5} {'lost GPU-h':>10} "
-        f"{'queued':>6}"
+        f"{'night util':>10} {'20-08 util':>10} {'weeknights':>10} "
+        f"{'batch GPU-h/night':>17} {'util':>6} {'preempt':>7} {'moved':>5} {'limit':>5} "
+        f"{'lost GPU-h':>10} {'queued':>6}"
     )
     print(head)
     print("-" * len(head))
@@ -493,11 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['scheduler']:<12} {r['interactive_wait_p50_min']:>10.1f}m "
             f"{r['interactive_wait_p95_min']:>10.1f}m {r['interactive_wait_p99_min']:>7.1f}m "
-            f"{r['night_util']:>10.1%} "
+            f"{r['night_util']:>10.1%} {r['nights_util']:>10.1%} "
             f"{r['weeknight_util']:>10.1%} "
             f"{r['batch_gpu_h_at_night_per_day']:>17.0f} {r['util_overall']:>6.1%} "
-            f"{r['preemptions']:>7} {r['limit_stops']:>5} {r['lost_gpu_h']:>10.1f} "
-            f"{r['queued_at_end']:>6}"
+            f"{r['preemptions']:>7} {r['migrations']:>5} {r['limit_stops']:>5} "
+            f"{r['lost_gpu_h']:>10.1f} {r['queued_at_end']:>6}"
         )
     print("\nutilization by hour of day (weekdays, %):")
     print(f"{'':<12} " + " ".join(f"{h:>3}" for h in range(24)))
@@ -510,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = float(fifo["interactive_wait_p95_min"]) / floor  # type: ignore[arg-type]
     print(
         f"\ntargets: day p95 wait cut >= {ratio:,.0f}x vs FIFO (want >= 5x); "
-        f"night util {tod['night_util']:.1%}, weeknights {tod['weeknight_util']:.1%} "
-        "(want >= 90%)"
+        f"night window util {tod['night_util']:.1%} (20:00-08:00 {tod['nights_util']:.1%}, "
+        f"weeknights {tod['weeknight_util']:.1%}; want >= 90%)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
