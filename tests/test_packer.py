@@ -125,6 +125,21 @@ def test_model_constraint_matches_case_insensitively_and_by_prefix() -> None:
     assert pack(state, PackRequest(1, models=("t4", "v100"))).node_name in ("t4-0", "v100-0")
 
 
+def test_only_and_exclude_narrow_the_choice_without_changing_the_state() -> None:
+    state = cluster()
+    free = state.gm.copy()
+    assert pack(state, PackRequest(2), only="a100-0").node_name == "a100-0"
+    assert pack(state, PackRequest(2), only="t4-0").node_name == "t4-0"
+    assert pack(state, PackRequest(4), only="t4-0").node is None  # 2 GPUs there
+    chosen = pack(state, PackRequest(2)).node_name
+    other = pack(state, PackRequest(2), exclude={chosen})
+    assert other.node_name not in (None, chosen)
+    assert pack(state, PackRequest(2), exclude={"a100-0", "t4-0", "v100-0"}).node is None
+    assert (state.gm == free).all()
+    with pytest.raises(InvalidSpecError, match="no node named"):
+        pack(state, PackRequest(1), only="nope")
+
+
 def test_cpu_and_memory_limit_placement() -> None:
     state = cluster(T4, V100)
     assert pack(state, PackRequest(1, cpus=20)).node_name == "v100-0"
