@@ -30,6 +30,7 @@ from .windows import (
     PolicyConfig,
     Quota,
     Window,
+    rule_values,
 )
 
 _WINDOW_KEYS = {
@@ -268,16 +269,7 @@ def window_to_dict(w: Window) -> dict[str, Any]:
         out["days"] = [DAY_NAMES[d] for d in sorted(w.days)]
     if w.start != w.end or w.days != ALL_DAYS:
         out["start"], out["end"] = f"{w.start:%H:%M}", f"{w.end:%H:%M}"
-    return {
-        **out,
-        "interactive_reserved_share": w.interactive_reserved_share,
-        "interactive_max_share": w.interactive_max_share,
-        "batch_max_runtime_s": w.batch_max_runtime_s,
-        "lease_idle_timeout_s": w.lease_idle_timeout_s,
-        "preempt_batch": w.preempt_batch,
-        "migrate_batch": w.migrate_batch,
-        "interactive_first": w.interactive_first,
-    }
+    return {**out, **rule_values(w)}
 
 
 def quota_from_dict(data: Mapping[str, Any]) -> Quota:

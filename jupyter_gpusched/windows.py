@@ -28,9 +28,10 @@ force at any instant.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
+from typing import Any
 from zoneinfo import ZoneInfo
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -339,14 +340,16 @@ def window_dict(active: ActiveWindow) -> dict[str, object]:
         "since": active.since.isoformat() if active.since else None,
         "until": active.until.isoformat() if active.until else None,
         "next_window": active.next_window_name,
-        "interactive_reserved_share": w.interactive_reserved_share,
-        "interactive_max_share": w.interactive_max_share,
-        "batch_max_runtime_s": w.batch_max_runtime_s,
-        "lease_idle_timeout_s": w.lease_idle_timeout_s,
-        "preempt_batch": w.preempt_batch,
-        "migrate_batch": w.migrate_batch,
-        "interactive_first": w.interactive_first,
+        **rule_values(w),
     }
+
+
+def rule_values(w: Window) -> dict[str, Any]:
+    """The window's rules by field name: every field but its name and when it applies."""
+    return {f.name: getattr(w, f.name) for f in fields(Window) if f.name not in _WHEN_FIELDS}
+
+
+_WHEN_FIELDS = ("name", "days", "start", "end")
 
 
 def policy_view(config: PolicyConfig, now: datetime) -> dict[str, object]:
