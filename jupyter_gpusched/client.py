@@ -7,6 +7,8 @@ uses tornado, which every Jupyter install has.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import urllib.error
@@ -191,7 +193,17 @@ class GpuSchedClient:
             while (message := await conn.read_message()) is not None:
                 yield json.loads(message)
         finally:
+            # close() only sends the close frame; tornado closes the socket once the server
+            # answers (or 5 s later), on a loop that may end first (asyncio.run): the socket
+            # would stay open. Wait for the answer (the end reads as None), then make sure.
             conn.close()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        while not conn.stream.closed() and await conn.read_message() is not None:
+                            pass
+            finally:
+                conn.stream.close()  # a no-op once closed; else (cancelled, timed out) abort
 
     def call(
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -48,6 +50,19 @@ def wait_state(client: GpuSchedClient, job_id: int, *states: str) -> dict:
         assert time.monotonic() < deadline, job
         time.sleep(0.05)
     return job
+
+
+def sockets_to(port: int) -> list[socket.socket]:
+    """Open client sockets of this process to ``port`` on the loopback."""
+
+    def peer_port(sock: socket.socket) -> int | None:
+        try:
+            return int(sock.getpeername()[1])
+        except OSError:
+            return None
+
+    return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1
+            and o.family == socket.AF_INET and peer_port(o) == port]
 
 
 def test_submit_queue_logs_and_cancel_through_the_discovered_server(
@@ -199,4 +214,5 @@ def test_client_covers_every_route(discovered: Any) -> None:
 
     events = asyncio.run(asyncio.wait_for(events_of_job(), 30))
     assert events[0]["kind"] == "submitted" and events[0]["job"]["id"] == job["id"]
+    assert sockets_to(discovered.port) == [], "the events websocket outlived its loop"
     assert [e["id"] for e in events] == sorted(e["id"] for e in events)
