@@ -30,6 +30,7 @@ system-deps:
 ## Set up, lint and run every test: two pytest sessions (see tests/conftest.py for why).
 test: $(STAMP) system-deps
 	$(BIN)/ruff check jupyter_gpusched tests bench
+	$(BIN)/ruff format --check jupyter_gpusched tests bench
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest -p pytest_jupyter.jupyter_server tests/inproc
 

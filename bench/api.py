@@ -42,8 +42,10 @@ def prefill(url: str, n: int) -> float:
     store.migrate()
     t0 = time.perf_counter()
     for i in range(n):
-        spec = parse_spec({"kind": "script", "command": ["python", f"run{i}.py"],
-                           "gpus": 1 + i % 4}, user=f"user{i % 10}")
+        spec = parse_spec(
+            {"kind": "script", "command": ["python", f"run{i}.py"], "gpus": 1 + i % 4},
+            user=f"user{i % 10}",
+        )
         job = store.add_job(spec)
         store.transition(job.id, JobState.CANCELLED, reason="bench history")
     store.close()
@@ -56,28 +58,43 @@ def start_server(root: Path, store_url: str) -> tuple[subprocess.Popen[bytes], s
         port = s.getsockname()[1]
     config = {
         "ServerApp": {
-            "jpserver_extensions": {"jupyter_gpusched": True, "jupyterlab": False,
-                                    "jupyter_lsp": False, "notebook_shim": False,
-                                    "notebook": False, "jupyter_server_terminals": False},
-            "port": port, "ip": "127.0.0.1", "open_browser": False, "allow_root": True,
-            "root_dir": str(root), "log_level": "WARN",
+            "jpserver_extensions": {
+                "jupyter_gpusched": True,
+                "jupyterlab": False,
+                "jupyter_lsp": False,
+                "notebook_shim": False,
+                "notebook": False,
+                "jupyter_server_terminals": False,
+            },
+            "port": port,
+            "ip": "127.0.0.1",
+            "open_browser": False,
+            "allow_root": True,
+            "root_dir": str(root),
+            "log_level": "WARN",
         },
         "IdentityProvider": {"token": TOKEN},
         "GpuSchedApp": {"store_url": store_url, "sim_dir": ""},
     }
     (root / "config").mkdir()
     (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"),
-           "JUPYTER_DATA_DIR": str(root / "data"), "JUPYTER_RUNTIME_DIR": str(root / "rt")}
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(root / "config"),
+        "JUPYTER_DATA_DIR": str(root / "data"),
+        "JUPYTER_RUNTIME_DIR": str(root / "rt"),
+    }
     with open(root / "server.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            req = urllib.request.Request(url + "gpusched/api/jobs?limit=1",
-                                         headers={"Authorization": f"token {TOKEN}"})
+            req = urllib.request.Request(
+                url + "gpusched/api/jobs?limit=1", headers={"Authorization": f"token {TOKEN}"}
+            )
             with urllib.request.urlopen(req, timeout=5):
                 return proc, url
         except OSError:
@@ -122,17 +139,21 @@ def main() -> None:
         root = Path(tmp)
         store_url = f"sqlite:///{root / 'gpusched.db'}"
         fill_s = prefill(store_url, args.history)
-        print(f"stored {args.history} finished jobs in {fill_s:.1f}s "
-              f"({args.history / fill_s:.0f} jobs/s via Store.add_job + transition)")
+        print(
+            f"stored {args.history} finished jobs in {fill_s:.1f}s "
+            f"({args.history / fill_s:.0f} jobs/s via Store.add_job + transition)"
+        )
         proc, url = start_server(root, store_url)
         try:
             client = GpuSchedClient(url, TOKEN)
             seq = submit_rate(client, args.submits, 1)
             par = submit_rate(client, args.submits, args.threads)
             total = client.list_jobs(limit=0)["total"]
-            print(f"POST jobs: {seq:.0f} submissions/s (1 client), {par:.0f}/s "
-                  f"({args.threads} clients); {total} jobs stored, "
-                  f"{2 * args.submits} of them queued")
+            print(
+                f"POST jobs: {seq:.0f} submissions/s (1 client), {par:.0f}/s "
+                f"({args.threads} clients); {total} jobs stored, "
+                f"{2 * args.submits} of them queued"
+            )
             queries = {
                 "GET jobs (first 100)": {},
                 "GET jobs?state=queued&limit=50": {"state": "queued", "limit": 50},
@@ -145,8 +166,10 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
-    print(f"machine: {os.cpu_count()} CPUs; command: {sys.executable} bench/api.py "
-          + " ".join(sys.argv[1:]))
+    print(
+        f"machine: {os.cpu_count()} CPUs; command: {sys.executable} bench/api.py "
+        + " ".join(sys.argv[1:])
+    )
 
 
 if __name__ == "__main__":

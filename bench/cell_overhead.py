@@ -44,17 +44,29 @@ def _free_port() -> int:
 
 def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     port = _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"),
-           "JUPYTER_DATA_DIR": str(root / "data"), "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-           "JUPYTER_PLATFORM_DIRS": "1"}
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(root / "config"),
+        "JUPYTER_DATA_DIR": str(root / "data"),
+        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
     env.pop("GPUSCHED_URL", None)
     (root / "config").mkdir(parents=True)
     config = {
         "ServerApp": {
-            "jpserver_extensions": {"jupyter_gpusched": True, "jupyterlab": False,
-                                    "jupyter_lsp": False, "notebook_shim": False,
-                                    "notebook": False, "jupyter_server_terminals": False},
-            "port": port, "ip": "127.0.0.1", "open_browser": False, "allow_root": True,
+            "jpserver_extensions": {
+                "jupyter_gpusched": True,
+                "jupyterlab": False,
+                "jupyter_lsp": False,
+                "notebook_shim": False,
+                "notebook": False,
+                "jupyter_server_terminals": False,
+            },
+            "port": port,
+            "ip": "127.0.0.1",
+            "open_browser": False,
+            "allow_root": True,
             "root_dir": str(root),
         },
         "IdentityProvider": {"token": TOKEN},
@@ -62,14 +74,20 @@ def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, st
     }
     (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=root)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=root,
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 90
     while True:
         try:
-            req = urllib.request.Request(url + "gpusched/api/cluster",
-                                         headers={"Authorization": f"token {TOKEN}"})
+            req = urllib.request.Request(
+                url + "gpusched/api/cluster", headers={"Authorization": f"token {TOKEN}"}
+            )
             with urllib.request.urlopen(req, timeout=5) as resp:
                 if resp.status == 200:
                     return proc, url, env
@@ -153,8 +171,10 @@ def main() -> int:
     print(f"local kernel   x = 1 : median {lm:6.2f} ms   p95 {lp:6.2f} ms")
     print(f"%%gpu warm     x = 1 : median {rm:6.2f} ms   p95 {rp:6.2f} ms")
     print(f"remote kernel direct : median {dm:6.2f} ms   p95 {dp:6.2f} ms   (forwarded ports)")
-    print(f"added by %%gpu       : median {rm - lm:6.2f} ms   p95 {rp - lp:6.2f} ms"
-          f"   (target: < 20 ms at the median)")
+    print(
+        f"added by %%gpu       : median {rm - lm:6.2f} ms   p95 {rp - lp:6.2f} ms"
+        f"   (target: < 20 ms at the median)"
+    )
     return 0
 
 

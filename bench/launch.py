@@ -71,19 +71,24 @@ async def bench_node(label: str, cfg: NodeConfig, n: int) -> None:
         ours: list[float] = []
         for _ in range(n):  # interleaved, so load on a shared machine hits both alike
             # subprocess.DEVNULL is asyncssh.DEVNULL; the bench itself does not import asyncssh
-            bare += await _timed(1, lambda i: conn.run("true", check=True,
-                                                       stdin=subprocess.DEVNULL))
+            bare += await _timed(
+                1, lambda i: conn.run("true", check=True, stdin=subprocess.DEVNULL)
+            )
             ours += await _timed(1, lambda i: backend.run(node, ["true"], check=True))
 
-        python = await _timed(n, lambda i: backend.run(node, [cfg.python, "-c", "pass"],
-                                                       check=True))
+        python = await _timed(
+            n, lambda i: backend.run(node, [cfg.python, "-c", "pass"], check=True)
+        )
         launched: list[float] = []
         execd: list[float] = []
         polls: list[float] = []
         submitted = datetime.now(UTC)
         for i in range(n + 3):
-            job = Job(id=100_000 + i, spec=JobSpec(kind="script", command=["date", "+%s.%N"]),
-                      submitted_at=submitted)
+            job = Job(
+                id=100_000 + i,
+                spec=JobSpec(kind="script", command=["date", "+%s.%N"]),
+                submitted_at=submitted,
+            )
             t_wall = time.time()
             t0 = time.perf_counter()
             result = await backend.launch(job, Placement(node=node, gpu_indices=[0]))
@@ -116,17 +121,22 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sshd", action="store_true", help="skip Debian's sshd")
     args = parser.parse_args(argv)
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"on {os.cpu_count()} CPUs")
+    print(
+        f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        f"on {os.cpu_count()} CPUs"
+    )
     directory = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     state = directory / "gpus.json"
     state.write_text(json.dumps(gpu_state(2)))
-    server = InProcessSshServer(directory, env={
-        "GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim", "GPUSCHED_SIM_STATE": str(state)})
+    server = InProcessSshServer(
+        directory,
+        env={"GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim", "GPUSCHED_SIM_STATE": str(state)},
+    )
     await server.start()
     try:
-        await bench_node("in-process asyncssh server (as the simulator):",
-                         server.node_config(), args.n)
+        await bench_node(
+            "in-process asyncssh server (as the simulator):", server.node_config(), args.n
+        )
     finally:
         kill_marked(server.token)
         await server.stop()
@@ -135,8 +145,11 @@ async def main(argv: list[str] | None = None) -> int:
         with running_sshd() as sshd:
             sshd.state_path.write_text(json.dumps(gpu_state(2)))
             sshd.state_path.chmod(0o644)
-            await bench_node(f"Debian OpenSSH sshd (login {sshd.user}, {sshd.python}):",
-                             sshd.node_config(), args.n)
+            await bench_node(
+                f"Debian OpenSSH sshd (login {sshd.user}, {sshd.python}):",
+                sshd.node_config(),
+                args.n,
+            )
     return 0
 
 

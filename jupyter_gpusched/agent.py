@@ -30,9 +30,7 @@ from typing import Any
 #: Environment variable every job (and its children) carries; marks GPU processes as ours.
 JOB_ID_ENV = "GPUSCHED_JOB_ID"
 
-_SMI_GPU_FIELDS = (
-    "index,uuid,name,memory.total,memory.used,utilization.gpu,power.draw,pci.bus_id"
-)
+_SMI_GPU_FIELDS = "index,uuid,name,memory.total,memory.used,utilization.gpu,power.draw,pci.bus_id"
 _SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
 
 

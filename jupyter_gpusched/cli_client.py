@@ -31,14 +31,19 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser(name: str, description: str) -> _Parser:
     parser = _Parser(prog=f"jupyter gpusched {name}", description=description)
-    parser.add_argument("--url", help="server URL with base_url (default: $GPUSCHED_URL or "
-                        "the running server found like 'jupyter server list')")
+    parser.add_argument(
+        "--url",
+        help="server URL with base_url (default: $GPUSCHED_URL or "
+        "the running server found like 'jupyter server list')",
+    )
     parser.add_argument("--token", help="server token (default: $GPUSCHED_TOKEN or discovered)")
     return parser
 
 
 def _run(
-    argv: list[str], parser: _Parser, action: Callable[[GpuSchedClient, Any], int],
+    argv: list[str],
+    parser: _Parser,
+    action: Callable[[GpuSchedClient, Any], int],
     check: Callable[[Any], None] | None = None,
 ) -> int:
     """Parse (and ``check``) the arguments before finding the server, then act."""
@@ -73,15 +78,23 @@ def add_resource_args(p: argparse.ArgumentParser) -> None:
 
 def submit_main(argv: list[str]) -> int:
     """``submit [options] -- COMMAND...``: queue a script."""
-    p = _parser("submit", "Queue a script on the GPU cluster, e.g. "
-                "'jupyter gpusched submit --gpus 2 --mem 16G -- python train.py'.")
+    p = _parser(
+        "submit",
+        "Queue a script on the GPU cluster, e.g. "
+        "'jupyter gpusched submit --gpus 2 --mem 16G -- python train.py'.",
+    )
     add_resource_args(p)
     p.add_argument("--name", help="display name")
     p.add_argument("--priority", choices=("interactive", "batch"), help="priority class")
     p.add_argument("--max-runtime", type=duration_arg, help="stop after this long, e.g. 2h")
     p.add_argument("--at", type=_when, help="do not start before this ISO time (with zone)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for the job (repeat)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for the job (repeat)",
+    )
     p.add_argument("--workdir", help="working directory on the node")
     p.add_argument("--retries", type=int, help="requeue this many times if the node is lost")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
@@ -99,10 +112,18 @@ def submit_main(argv: list[str]) -> int:
             env[name] = value
         spec: dict[str, Any] = {"kind": "script", "command": command, "gpus": args.gpus}
         optional = {
-            "gpu_mem_gb": args.mem, "gpu_share": args.share, "cpus": args.cpus,
-            "mem_gb": args.host_mem, "name": args.name, "priority": args.priority,
-            "max_runtime_s": args.max_runtime, "not_before": args.at, "workdir": args.workdir,
-            "retries": args.retries, "gpu_models": args.model or None, "env": env or None,
+            "gpu_mem_gb": args.mem,
+            "gpu_share": args.share,
+            "cpus": args.cpus,
+            "mem_gb": args.host_mem,
+            "name": args.name,
+            "priority": args.priority,
+            "max_runtime_s": args.max_runtime,
+            "not_before": args.at,
+            "workdir": args.workdir,
+            "retries": args.retries,
+            "gpu_models": args.model or None,
+            "env": env or None,
         }
         spec.update({k: v for k, v in optional.items() if v is not None})
         args.spec = spec
@@ -164,11 +185,19 @@ def format_queue(jobs: list[dict[str, Any]], *, total: int | None = None) -> str
             why = f"held {why}".strip()
         if job.get("exit_code") not in (None, 0):
             why = why or f"exit {job['exit_code']}"
-        rows.append((
-            str(job["id"]), job.get("user", ""), spec["kind"], job["state"], gpus,
-            placement.get("node", "") + _gpu_list(placement), _age(job["submitted_at"], now),
-            _clip(what, 30), _clip(why, 60),
-        ))
+        rows.append(
+            (
+                str(job["id"]),
+                job.get("user", ""),
+                spec["kind"],
+                job["state"],
+                gpus,
+                placement.get("node", "") + _gpu_list(placement),
+                _age(job["submitted_at"], now),
+                _clip(what, 30),
+                _clip(why, 60),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if total is not None and total > len(jobs):
@@ -247,8 +276,9 @@ def format_cluster(cluster: dict[str, Any]) -> str:
         rows.append((node["name"], model, f"[{glyphs}]", f"{free}/{len(gpus)} free", status))
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append("legend: . free  I interactive  B batch  F foreign  x down "
-                 "(lower case: GPU partly shared)")
+    lines.append(
+        "legend: . free  I interactive  B batch  F foreign  x down (lower case: GPU partly shared)"
+    )
     m, q, w = cluster.get("metrics", {}), cluster.get("queue", {}), cluster.get("window", {})
     lines.append(
         f"gpus: {m.get('gpus_free', '?')}/{m.get('gpus_total', '?')} free, largest placeable "

@@ -74,21 +74,35 @@ def submit_main(argv: list[str]) -> int:
     """``submit-notebook NB [-p NAME=VALUE ...] [--gpus N] [--at WHEN]``."""
     import argparse
 
-    p = _parser("submit-notebook", "Run a notebook on the GPU cluster as a batch job, e.g. "
-                "'jupyter gpusched submit-notebook train.ipynb -p lr=0.1 --gpus 2 --at tonight'. "
-                "The executed notebook comes back beside it.")
+    p = _parser(
+        "submit-notebook",
+        "Run a notebook on the GPU cluster as a batch job, e.g. "
+        "'jupyter gpusched submit-notebook train.ipynb -p lr=0.1 --gpus 2 --at tonight'. "
+        "The executed notebook comes back beside it.",
+    )
     p.add_argument("notebook", help="the notebook (under the server's root directory)")
-    p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-                   help="a parameter; VALUE is read as JSON or a Python literal, else text")
+    p.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter; VALUE is read as JSON or a Python literal, else text",
+    )
     p.add_argument("--parameters-json", help="all parameters as one JSON object")
-    p.add_argument("--at", default="now", help="now, tonight, a window name, an ISO time or a "
-                   "cron expression like '0 2 * * *' (a recurring definition)")
+    p.add_argument(
+        "--at",
+        default="now",
+        help="now, tonight, a window name, an ISO time or a "
+        "cron expression like '0 2 * * *' (a recurring definition)",
+    )
     p.add_argument("--timezone", help="timezone of the cron (default: the policy's)")
     p.add_argument("--catch-up", choices=("skip", "once"), help="after downtime (cron only)")
     add_resource_args(p)
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
-    p.add_argument("--cell-timeout", type=duration_arg,
-                   help="stop a cell after this long, e.g. 10m")
+    p.add_argument(
+        "--cell-timeout", type=duration_arg, help="stop a cell after this long, e.g. 10m"
+    )
     p.add_argument("--max-runtime", type=duration_arg, help="stop the run after this long, e.g. 2h")
     p.add_argument("--retries", type=int, help="run a failed notebook again this many times")
     p.add_argument("--retry-backoff", type=duration_arg, help="first wait before a retry (1m)")
@@ -111,11 +125,19 @@ def submit_main(argv: list[str]) -> int:
     def action(client: GpuSchedClient, args: argparse.Namespace) -> int:
         fields: dict[str, Any] = {"parameters": args.parameters, "at": args.at, "gpus": args.gpus}
         optional = {
-            "timezone": args.timezone, "catch_up": args.catch_up, "gpu_mem_gb": args.mem,
-            "gpu_share": args.share, "cpus": args.cpus, "mem_gb": args.host_mem,
-            "kernel_name": args.kernel, "cell_timeout_s": args.cell_timeout,
-            "max_runtime_s": args.max_runtime, "retries": args.retries,
-            "retry_backoff_s": args.retry_backoff, "name": args.name, "priority": args.priority,
+            "timezone": args.timezone,
+            "catch_up": args.catch_up,
+            "gpu_mem_gb": args.mem,
+            "gpu_share": args.share,
+            "cpus": args.cpus,
+            "mem_gb": args.host_mem,
+            "kernel_name": args.kernel,
+            "cell_timeout_s": args.cell_timeout,
+            "max_runtime_s": args.max_runtime,
+            "retries": args.retries,
+            "retry_backoff_s": args.retry_backoff,
+            "name": args.name,
+            "priority": args.priority,
             "gpu_models": args.model or None,
         }
         fields.update({k: v for k, v in optional.items() if v is not None})
@@ -158,9 +180,11 @@ def _job_line(job: dict[str, Any]) -> str:
 
 def _definition_line(d: dict[str, Any]) -> str:
     state = "paused" if d["paused"] else f"next {d['next_fire_at']}"
-    return (f"definition {d['id']} [{d['user']}] {d['schedule']!r} {d['timezone']} "
-            f"catch-up {d['catch_up']}: {d['spec']['notebook']} ({state}, "
-            f"{d['fire_count']} runs)")
+    return (
+        f"definition {d['id']} [{d['user']}] {d['schedule']!r} {d['timezone']} "
+        f"catch-up {d['catch_up']}: {d['spec']['notebook']} ({state}, "
+        f"{d['fire_count']} runs)"
+    )
 
 
 # ---------------------------------------------------------------------------- definitions
@@ -171,8 +195,9 @@ def definitions_main(argv: list[str]) -> int:
     import argparse
 
     p = _parser("definitions", "List, show, pause, resume or delete recurring notebook jobs.")
-    p.add_argument("verb", nargs="?", default="list",
-                   choices=("list", "show", "pause", "resume", "delete"))
+    p.add_argument(
+        "verb", nargs="?", default="list", choices=("list", "show", "pause", "resume", "delete")
+    )
     p.add_argument("ids", nargs="*", type=int, metavar="ID", help="definition ids")
     p.add_argument("--user", help="list only this user's ('me' for yours)")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -202,8 +227,10 @@ def definitions_main(argv: list[str]) -> int:
                 print(("deleted " if args.verb == "delete" else "") + _definition_line(d))
                 if args.verb == "show":
                     for run in d["runs"]:
-                        print(f"  {run['fire_at']}: job {run['job_id']}"
-                              + (" (caught up)" if run.get("caught_up") else ""))
+                        print(
+                            f"  {run['fire_at']}: job {run['job_id']}"
+                            + (" (caught up)" if run.get("caught_up") else "")
+                        )
         return 0
 
     return _run(argv, p, action, check)

@@ -49,7 +49,10 @@ class ServerInfo:
 
 
 def find_server(
-    url: str | None = None, token: str | None = None, *, runtime_dir: str | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    *,
+    runtime_dir: str | None = None,
     timeout_s: float = 5.0,
 ) -> ServerInfo:
     """The server to talk to: given URL/token, else ``$GPUSCHED_URL``, else discovery.
@@ -111,8 +114,13 @@ class GpuSchedClient:
         return self._json("POST", "jobs", body={**(spec or {}), **fields})
 
     def list_jobs(
-        self, *, state: str | Iterable[str] | None = None, user: str | None = None,
-        kind: str | None = None, limit: int = 100, offset: int = 0,
+        self,
+        *,
+        state: str | Iterable[str] | None = None,
+        user: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
     ) -> dict[str, Any]:
         """``{"jobs": [...], "total", "limit", "offset"}``; ``user="me"`` for the caller."""
         if state is not None and not isinstance(state, str):
@@ -185,8 +193,12 @@ class GpuSchedClient:
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
-        ws_url = "ws" + self.url[len("http") :] + API + "events?" + urllib.parse.urlencode(
-            {"after": after}
+        ws_url = (
+            "ws"
+            + self.url[len("http") :]
+            + API
+            + "events?"
+            + urllib.parse.urlencode({"after": after})
         )
         conn = await websocket_connect(HTTPRequest(ws_url, headers=self._headers()))
         try:
@@ -217,7 +229,12 @@ class GpuSchedClient:
         return {"Authorization": f"token {self.token}"} if self.token else {}
 
     def _open(
-        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
         timeout_s: float | None | bool = False,
     ) -> Any:
         query = {k: v for k, v in (query or {}).items() if v is not None}
@@ -245,8 +262,12 @@ class GpuSchedClient:
 def _api_error(err: urllib.error.HTTPError) -> ApiError:
     try:
         body = json.loads(err.read())
-        return ApiError(err.code, str(body["message"]), error=str(body.get("error", "")),
-                        field=body.get("field"))
+        return ApiError(
+            err.code,
+            str(body["message"]),
+            error=str(body.get("error", "")),
+            field=body.get("field"),
+        )
     except (ValueError, KeyError, TypeError):
         return ApiError(err.code, f"HTTP {err.code} {err.reason}")
 

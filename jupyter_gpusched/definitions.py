@@ -150,8 +150,9 @@ def check_schedule(schedule: str, tz_name: str) -> None:
     text = schedule.strip()
     if not (text.startswith("@") or len(text.split()) == 5) or not croniter.is_valid(text):
         raise InvalidSpecError(
-            "schedule", f"{schedule!r} is not a cron expression; write 5 fields like "
-            "'0 2 * * *' (02:00 daily) or '*/30 * * * 1-5', or @hourly/@daily/@weekly"
+            "schedule",
+            f"{schedule!r} is not a cron expression; write 5 fields like "
+            "'0 2 * * *' (02:00 daily) or '*/30 * * * 1-5', or @hourly/@daily/@weekly",
         )
     check_timezone(tz_name)
 
@@ -211,30 +212,53 @@ class Definitions:
         Users who may change anyone's definitions.
     """
 
-    def __init__(self, store: Store, *, clock: Clock, misfire_grace_s: float = 60.0,
-                 admins: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Clock,
+        misfire_grace_s: float = 60.0,
+        admins: frozenset[str] = frozenset(),
+    ) -> None:
         self.store = store
         self.clock = clock
         self.misfire_grace_s = misfire_grace_s
         self.admins = admins
 
     # -- CRUD -------------------------------------------------------------------------------
-    def create(self, spec: JobSpec, *, schedule: str, timezone: str = "UTC",
-               catch_up: str = "skip", name: str | None = None, paused: bool = False) -> Definition:
+    def create(
+        self,
+        spec: JobSpec,
+        *,
+        schedule: str,
+        timezone: str = "UTC",
+        catch_up: str = "skip",
+        name: str | None = None,
+        paused: bool = False,
+    ) -> Definition:
         """Store a new definition; it first fires at the next matching time after now."""
         check_schedule(schedule, timezone)
         _check_catch_up(catch_up)
         if spec.not_before is not None:
-            raise InvalidSpecError("not_before", "a recurring job starts at its schedule; "
-                                   "leave not_before out")
+            raise InvalidSpecError(
+                "not_before", "a recurring job starts at its schedule; leave not_before out"
+            )
         now = self.clock.now()
         with self.store.write_session() as s:
             row = DefinitionRow(
-                version=1, name=name or spec.name, username=spec.user, schedule=schedule.strip(),
-                timezone=timezone, catch_up=catch_up, paused=paused,
+                version=1,
+                name=name or spec.name,
+                username=spec.user,
+                schedule=schedule.strip(),
+                timezone=timezone,
+                catch_up=catch_up,
+                paused=paused,
                 spec=spec.model_dump(mode="json"),
                 next_fire_at=None if paused else next_fire_time(schedule, timezone, now),
-                last_fired_at=None, last_job_id=None, fire_count=0, created_at=now,
+                last_fired_at=None,
+                last_job_id=None,
+                fire_count=0,
+                created_at=now,
                 updated_at=now,
             )
             s.add(row)
@@ -249,8 +273,9 @@ class Definitions:
             row = _get(s, definition_id)
             return _definition(row, self._runs(s, [row.id], runs).get(row.id, []))
 
-    def list(self, *, user: str | None = None, limit: int | None = 100,
-             offset: int = 0) -> tuple[list[Definition], int]:
+    def list(
+        self, *, user: str | None = None, limit: int | None = 100, offset: int = 0
+    ) -> tuple[list[Definition], int]:
         """A page of definitions (oldest first) and the total, optionally one user's."""
         query = select(DefinitionRow)
         count = select(func.count()).select_from(DefinitionRow)
@@ -265,9 +290,17 @@ class Definitions:
             runs = self._runs(s, [r.id for r in rows], 5)
             return [_definition(r, runs.get(r.id, [])) for r in rows], s.scalar(count) or 0
 
-    def update(self, definition_id: int, *, user: str, paused: bool | None = None,
-               schedule: str | None = None, timezone: str | None = None,
-               catch_up: str | None = None, name: str | None = None) -> Definition:
+    def update(
+        self,
+        definition_id: int,
+        *,
+        user: str,
+        paused: bool | None = None,
+        schedule: str | None = None,
+        timezone: str | None = None,
+        catch_up: str | None = None,
+        name: str | None = None,
+    ) -> Definition:
         """Pause, resume or reschedule; resuming starts from the next time after now."""
         now = self.clock.now()
         with self.store.write_session() as s:
@@ -292,8 +325,12 @@ class Definitions:
             row.version += 1
             row.updated_at = now
             action = "paused" if paused else "resumed" if paused is False else "updated"
-            add_event_row(s, _event(now, "definition", {"definition_id": row.id, "action": action,
-                                               "user": user}))
+            add_event_row(
+                s,
+                _event(
+                    now, "definition", {"definition_id": row.id, "action": action, "user": user}
+                ),
+            )
             return _definition(row, self._runs(s, [row.id], 20).get(row.id, []))
 
     def delete(self, definition_id: int, *, user: str) -> Definition:
@@ -305,46 +342,68 @@ class Definitions:
             gone = _definition(row, [])
             s.execute(delete(DefinitionRunRow).where(DefinitionRunRow.definition_id == row.id))
             s.delete(row)
-            add_event_row(s, _event(now, "definition", {"definition_id": definition_id,
-                                               "action": "deleted", "user": user}))
+            add_event_row(
+                s,
+                _event(
+                    now,
+                    "definition",
+                    {"definition_id": definition_id, "action": "deleted", "user": user},
+                ),
+            )
         return gone
 
     def _check_owner(self, row: DefinitionRow, user: str) -> None:
         if user != row.username and user not in self.admins:
-            raise ForbiddenError(f"definition {row.id} belongs to {row.username}; only its "
-                                 "owner or an admin may change it")
+            raise ForbiddenError(
+                f"definition {row.id} belongs to {row.username}; only its "
+                "owner or an admin may change it"
+            )
 
     @staticmethod
     def _runs(s: Session, ids: Iterable[int], per: int) -> dict[int, list[DefinitionRun]]:
         out: dict[int, list[DefinitionRun]] = {}
         for def_id in ids:
             rows = s.scalars(
-                select(DefinitionRunRow).where(DefinitionRunRow.definition_id == def_id)
-                .order_by(DefinitionRunRow.fire_at.desc()).limit(per)
+                select(DefinitionRunRow)
+                .where(DefinitionRunRow.definition_id == def_id)
+                .order_by(DefinitionRunRow.fire_at.desc())
+                .limit(per)
             )
-            out[def_id] = [DefinitionRun(fire_at=r.fire_at, fired_at=r.fired_at,
-                                         job_id=r.job_id, caught_up=r.caught_up) for r in rows]
+            out[def_id] = [
+                DefinitionRun(
+                    fire_at=r.fire_at, fired_at=r.fired_at, job_id=r.job_id, caught_up=r.caught_up
+                )
+                for r in rows
+            ]
         return out
 
     def runs(self, definition_id: int) -> list[DefinitionRun]:
         """Every firing of a definition, oldest first."""
         with self.store.read_session() as s:
-            rows = s.scalars(select(DefinitionRunRow)
-                             .where(DefinitionRunRow.definition_id == definition_id)
-                             .order_by(DefinitionRunRow.fire_at))
-            return [DefinitionRun(fire_at=r.fire_at, fired_at=r.fired_at, job_id=r.job_id,
-                                  caught_up=r.caught_up) for r in rows]
+            rows = s.scalars(
+                select(DefinitionRunRow)
+                .where(DefinitionRunRow.definition_id == definition_id)
+                .order_by(DefinitionRunRow.fire_at)
+            )
+            return [
+                DefinitionRun(
+                    fire_at=r.fire_at, fired_at=r.fired_at, job_id=r.job_id, caught_up=r.caught_up
+                )
+                for r in rows
+            ]
 
     # -- firing -----------------------------------------------------------------------------
     def fire_due(self, now: datetime | None = None) -> list[Job]:
         """Fire every definition due at ``now``; the jobs made (exactly one per firing)."""
         now = now or self.clock.now()
         with self.store.read_session() as s:
-            due = list(s.execute(
-                select(DefinitionRow.id, DefinitionRow.version)
-                .where(DefinitionRow.paused.is_(False), DefinitionRow.next_fire_at <= now)
-                .order_by(DefinitionRow.next_fire_at, DefinitionRow.id)
-            ))
+            due = list(
+                s.execute(
+                    select(DefinitionRow.id, DefinitionRow.version)
+                    .where(DefinitionRow.paused.is_(False), DefinitionRow.next_fire_at <= now)
+                    .order_by(DefinitionRow.next_fire_at, DefinitionRow.id)
+                )
+            )
         made: list[Job] = []
         for def_id, version in due:
             try:
@@ -380,10 +439,14 @@ class Definitions:
             with self.store.write_session() as s:
                 claimed = s.execute(
                     update(DefinitionRow)
-                    .where(DefinitionRow.id == def_id, DefinitionRow.version == version,
-                           DefinitionRow.paused.is_(False))
-                    .values(version=DefinitionRow.version + 1, next_fire_at=following,
-                            updated_at=now)
+                    .where(
+                        DefinitionRow.id == def_id,
+                        DefinitionRow.version == version,
+                        DefinitionRow.paused.is_(False),
+                    )
+                    .values(
+                        version=DefinitionRow.version + 1, next_fire_at=following, updated_at=now
+                    )
                     .execution_options(synchronize_session=False)
                 )
                 if claimed.rowcount != 1:
@@ -391,25 +454,54 @@ class Definitions:
                 job_id = None
                 if fire:
                     job_id = self._add_job(s, def_id, spec_json, latest, now, caught_up=not on_time)
-                    s.add(DefinitionRunRow(definition_id=def_id, fire_at=latest, fired_at=now,
-                                           job_id=job_id, caught_up=not on_time))
+                    s.add(
+                        DefinitionRunRow(
+                            definition_id=def_id,
+                            fire_at=latest,
+                            fired_at=now,
+                            job_id=job_id,
+                            caught_up=not on_time,
+                        )
+                    )
                     s.execute(
-                        update(DefinitionRow).where(DefinitionRow.id == def_id)
-                        .values(last_fired_at=latest, last_job_id=job_id,
-                                fire_count=DefinitionRow.fire_count + 1)
+                        update(DefinitionRow)
+                        .where(DefinitionRow.id == def_id)
+                        .values(
+                            last_fired_at=latest,
+                            last_job_id=job_id,
+                            fire_count=DefinitionRow.fire_count + 1,
+                        )
                         .execution_options(synchronize_session=False)
                     )
                 if skipped:
-                    add_event_row(s, _event(now, "definition", {
-                        "definition_id": def_id, "action": "skipped", "missed": skipped,
-                        "first_missed": due[0].isoformat(), "catch_up": catch_up}))
+                    add_event_row(
+                        s,
+                        _event(
+                            now,
+                            "definition",
+                            {
+                                "definition_id": def_id,
+                                "action": "skipped",
+                                "missed": skipped,
+                                "first_missed": due[0].isoformat(),
+                                "catch_up": catch_up,
+                            },
+                        ),
+                    )
                 return job_id
         except IntegrityError:
             return None  # that (definition, time) already has its run
 
     @staticmethod
-    def _add_job(s: Session, def_id: int, spec_json: dict[str, Any], fire_at: datetime,
-                 now: datetime, *, caught_up: bool) -> int:
+    def _add_job(
+        s: Session,
+        def_id: int,
+        spec_json: dict[str, Any],
+        fire_at: datetime,
+        now: datetime,
+        *,
+        caught_up: bool,
+    ) -> int:
         """Queue the firing's job in the claiming transaction (what Store.add_job writes)."""
         spec = JobSpec.model_validate(spec_json)
         labels = {**spec.labels, "definition_id": str(def_id), "fire_at": fire_at.isoformat()}
@@ -417,16 +509,31 @@ class Definitions:
             labels["caught_up"] = "true"
         spec = spec.model_copy(update={"labels": labels})
         row = JobRow(
-            state=JobState.QUEUED.value, username=spec.user, kind=spec.kind.value,
-            priority_class=spec.priority_class.value, submitted_at=now, node=None, held=False,
-            attempt=0, spec=spec.model_dump(mode="json"), placement=None, handle={},
+            state=JobState.QUEUED.value,
+            username=spec.user,
+            kind=spec.kind.value,
+            priority_class=spec.priority_class.value,
+            submitted_at=now,
+            node=None,
+            held=False,
+            attempt=0,
+            spec=spec.model_dump(mode="json"),
+            placement=None,
+            handle={},
         )
         s.add(row)
         s.flush()
-        add_event_row(s, EventRow(at=now, job_id=row.id, kind="submitted", from_state=None,
-                         to_state=JobState.QUEUED.value,
-                         detail={"user": spec.user, "definition_id": def_id,
-                                 "fire_at": fire_at.isoformat()}))
+        add_event_row(
+            s,
+            EventRow(
+                at=now,
+                job_id=row.id,
+                kind="submitted",
+                from_state=None,
+                to_state=JobState.QUEUED.value,
+                detail={"user": spec.user, "definition_id": def_id, "fire_at": fire_at.isoformat()},
+            ),
+        )
         return int(row.id)
 
 
@@ -439,28 +546,45 @@ def _get(s: Session, definition_id: int, *, lock: bool = False) -> DefinitionRow
     lock = lock and s.get_bind().dialect.name != "sqlite"
     row = s.get(DefinitionRow, definition_id, with_for_update=lock)
     if row is None:
-        raise NotFoundError(f"definition {definition_id} does not exist; list them with "
-                            "GET gpusched/api/definitions")
+        raise NotFoundError(
+            f"definition {definition_id} does not exist; list them with "
+            "GET gpusched/api/definitions"
+        )
     return row
 
 
 def _event(now: datetime, kind: str, detail: dict[str, Any]) -> EventRow:
-    return EventRow(at=now, job_id=None, kind=kind, from_state=None, to_state=None,
-                    detail=detail)
+    return EventRow(at=now, job_id=None, kind=kind, from_state=None, to_state=None, detail=detail)
 
 
 def _definition(row: DefinitionRow, runs: list[DefinitionRun]) -> Definition:
     return Definition(
-        id=row.id, name=row.name, user=row.username, schedule=row.schedule,
-        timezone=row.timezone, catch_up=row.catch_up, paused=row.paused,
-        spec=JobSpec.model_validate(row.spec), next_fire_at=row.next_fire_at,
-        last_fired_at=row.last_fired_at, last_job_id=row.last_job_id,
-        fire_count=row.fire_count, created_at=row.created_at, updated_at=row.updated_at,
+        id=row.id,
+        name=row.name,
+        user=row.username,
+        schedule=row.schedule,
+        timezone=row.timezone,
+        catch_up=row.catch_up,
+        paused=row.paused,
+        spec=JobSpec.model_validate(row.spec),
+        next_fire_at=row.next_fire_at,
+        last_fired_at=row.last_fired_at,
+        last_job_id=row.last_job_id,
+        fire_count=row.fire_count,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
         runs=runs,
     )
 
 
 __all__ = [
-    "CATCH_UP", "Definition", "DefinitionRow", "DefinitionRun", "DefinitionRunRow",
-    "Definitions", "check_schedule", "fire_times", "next_fire_time",
+    "CATCH_UP",
+    "Definition",
+    "DefinitionRow",
+    "DefinitionRun",
+    "DefinitionRunRow",
+    "Definitions",
+    "check_schedule",
+    "fire_times",
+    "next_fire_time",
 ]

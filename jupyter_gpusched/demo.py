@@ -53,24 +53,73 @@ class DemoJob:
 
 
 WORKLOAD: tuple[DemoJob, ...] = (
-    DemoJob("train-8gpu-a", {"command": _py(_TRAIN.format(steps=6, pause=0.5)), "gpus": 8,
-                             "gpu_models": ["A100"], "name": "train-8gpu-a"}, JobState.SUCCEEDED),
-    DemoJob("train-8gpu-b", {"command": _py(_TRAIN.format(steps=4, pause=0.5)), "gpus": 8,
-                             "gpu_models": ["A100"], "name": "train-8gpu-b"}, JobState.SUCCEEDED),
-    DemoJob("held-by-day", {"command": _py(_TRAIN.format(steps=2, pause=0.3)), "gpus": 4,
-                            "name": "held-by-day"}, JobState.SUCCEEDED),
-    DemoJob("finetune-2gpu", {"command": _py(_TRAIN.format(steps=3, pause=0.4)), "gpus": 2,
-                              "priority": "interactive", "name": "finetune-2gpu"},
-            JobState.SUCCEEDED),
-    DemoJob("eval-shared", {"command": _py(_TRAIN.format(steps=2, pause=0.3)), "gpus": 1,
-                            "gpu_mem_gb": 8, "priority": "interactive", "name": "eval-shared"},
-            JobState.SUCCEEDED),
-    DemoJob("broken", {"command": _py("import sys; print('loss is nan', file=sys.stderr); "
-                                      "sys.exit(1)"), "gpus": 1, "priority": "interactive",
-                       "name": "broken"}, JobState.FAILED),
-    DemoJob("cancel-me", {"command": _py("import time; time.sleep(300)"), "gpus": 1,
-                          "priority": "interactive", "name": "cancel-me"},
-            JobState.CANCELLED, cancel_when_running=True),
+    DemoJob(
+        "train-8gpu-a",
+        {
+            "command": _py(_TRAIN.format(steps=6, pause=0.5)),
+            "gpus": 8,
+            "gpu_models": ["A100"],
+            "name": "train-8gpu-a",
+        },
+        JobState.SUCCEEDED,
+    ),
+    DemoJob(
+        "train-8gpu-b",
+        {
+            "command": _py(_TRAIN.format(steps=4, pause=0.5)),
+            "gpus": 8,
+            "gpu_models": ["A100"],
+            "name": "train-8gpu-b",
+        },
+        JobState.SUCCEEDED,
+    ),
+    DemoJob(
+        "held-by-day",
+        {"command": _py(_TRAIN.format(steps=2, pause=0.3)), "gpus": 4, "name": "held-by-day"},
+        JobState.SUCCEEDED,
+    ),
+    DemoJob(
+        "finetune-2gpu",
+        {
+            "command": _py(_TRAIN.format(steps=3, pause=0.4)),
+            "gpus": 2,
+            "priority": "interactive",
+            "name": "finetune-2gpu",
+        },
+        JobState.SUCCEEDED,
+    ),
+    DemoJob(
+        "eval-shared",
+        {
+            "command": _py(_TRAIN.format(steps=2, pause=0.3)),
+            "gpus": 1,
+            "gpu_mem_gb": 8,
+            "priority": "interactive",
+            "name": "eval-shared",
+        },
+        JobState.SUCCEEDED,
+    ),
+    DemoJob(
+        "broken",
+        {
+            "command": _py("import sys; print('loss is nan', file=sys.stderr); sys.exit(1)"),
+            "gpus": 1,
+            "priority": "interactive",
+            "name": "broken",
+        },
+        JobState.FAILED,
+    ),
+    DemoJob(
+        "cancel-me",
+        {
+            "command": _py("import time; time.sleep(300)"),
+            "gpus": 1,
+            "priority": "interactive",
+            "name": "cancel-me",
+        },
+        JobState.CANCELLED,
+        cancel_when_running=True,
+    ),
 )
 
 
@@ -83,8 +132,9 @@ class DemoResult:
     problems: list[str] = field(default_factory=list)
 
 
-async def run_demo(*, out: object = sys.stdout, timeout_s: float = 90.0,
-                   base_dir: Path | None = None) -> DemoResult:
+async def run_demo(
+    *, out: object = sys.stdout, timeout_s: float = 90.0, base_dir: Path | None = None
+) -> DemoResult:
     """Run the workload; return what each job ended as and anything unexpected."""
     write = out.write  # type: ignore[attr-defined]
     result = DemoResult()
@@ -95,17 +145,27 @@ async def run_demo(*, out: object = sys.stdout, timeout_s: float = 90.0,
         clock = OffsetClock(DEMO_START)
         store = Store(f"sqlite:///{root / 'gpusched.db'}", clock=clock)
         backend = SshBackend(nodes, clock=SystemClock())
-        sched = Scheduler(store=store, backend=backend, policy=PolicyConfig(), clock=clock,
-                          tick_interval_s=0.2, poll_interval_s=0.2, cancel_grace_s=2.0)
+        sched = Scheduler(
+            store=store,
+            backend=backend,
+            policy=PolicyConfig(),
+            clock=clock,
+            tick_interval_s=0.2,
+            poll_interval_s=0.2,
+            cancel_grace_s=2.0,
+        )
         try:
             await sched.start()
-            write(f"embedded cluster: {len(nodes)} simulated nodes on 127.0.0.1 "
-                  f"(ports {', '.join(str(sim.port(n.name)) for n in nodes)})\n\n")
+            write(
+                f"embedded cluster: {len(nodes)} simulated nodes on 127.0.0.1 "
+                f"(ports {', '.join(str(sim.port(n.name)) for n in nodes)})\n\n"
+            )
             write(format_cluster(sched.cluster_view()) + "\n\n")
             ids = {}
             for job in WORKLOAD:
-                ids[job.key] = sched.submit(parse_spec({"kind": "script", **job.spec},
-                                                       user="demo")).id
+                ids[job.key] = sched.submit(
+                    parse_spec({"kind": "script", **job.spec}, user="demo")
+                ).id
             await _watch(sched, ids, result, write, timeout_s)
             write("\n" + format_cluster(sched.cluster_view()) + "\n")
         finally:
@@ -122,8 +182,9 @@ async def run_demo(*, out: object = sys.stdout, timeout_s: float = 90.0,
     return result
 
 
-async def _watch(sched: Scheduler, ids: dict[str, int], result: DemoResult, write: object,
-                 timeout_s: float) -> None:
+async def _watch(
+    sched: Scheduler, ids: dict[str, int], result: DemoResult, write: object, timeout_s: float
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last_table = ""
@@ -143,8 +204,10 @@ async def _watch(sched: Scheduler, ids: dict[str, int], result: DemoResult, writ
         if table != last_table:
             write(f"--- {sched.clock.now():%a %H:%M:%S} UTC\n{table}\n")  # type: ignore[operator]
             last_table = table
-        if all(sched.get_job(i).state in (JobState.SUCCEEDED, JobState.FAILED,
-                                          JobState.CANCELLED) for i in ids.values()):
+        if all(
+            sched.get_job(i).state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+            for i in ids.values()
+        ):
             break
         await asyncio.sleep(0.2)
     for key, job_id in ids.items():
@@ -154,8 +217,11 @@ async def _watch(sched: Scheduler, ids: dict[str, int], result: DemoResult, writ
 def main(argv: list[str]) -> int:
     """``jupyter gpusched demo [--headless]``."""
     parser = argparse.ArgumentParser(prog="jupyter gpusched demo", description=__doc__)
-    parser.add_argument("--headless", action="store_true",
-                        help="plain output for scripts and CI; the exit code says if all went well")
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="plain output for scripts and CI; the exit code says if all went well",
+    )
     parser.add_argument("--timeout", type=float, default=90.0, help="give up after this many s")
     args = parser.parse_args(argv)
     result = asyncio.run(run_demo(timeout_s=args.timeout))
@@ -164,7 +230,9 @@ def main(argv: list[str]) -> int:
         for problem in result.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
-    print("\ndemo: every job ended as expected "
-          f"({', '.join(f'{k} {v.state.value}' for k, v in result.final.items())}); "
-          "a batch job waited for the day window's interactive reserve.")
+    print(
+        "\ndemo: every job ended as expected "
+        f"({', '.join(f'{k} {v.state.value}' for k, v in result.final.items())}); "
+        "a batch job waited for the day window's interactive reserve."
+    )
     return 0

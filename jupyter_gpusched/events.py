@@ -81,5 +81,10 @@ class EventHub:
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
                 cluster_key, cluster_at = self._key, loop.time()
-                yield {"id": None, "kind": "cluster", "at": self._clock.now().isoformat(),
-                       "job_id": None, "cluster": self._cluster()}
+                yield {
+                    "id": None,
+                    "kind": "cluster",
+                    "at": self._clock.now().isoformat(),
+                    "job_id": None,
+                    "cluster": self._cluster(),
+                }

@@ -27,8 +27,20 @@ PLUGINS: tuple[str, ...] = ("jupyter_gpusched.kernels", "jupyter_gpusched.notebo
 #: Environment variables through which kernels started by this server find it again.
 URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
 _NODE_KEYS = frozenset(
-    {"name", "host", "port", "username", "key_file", "key_files", "python", "workdir", "staging",
-     "known_hosts", "env", "max_channels"}
+    {
+        "name",
+        "host",
+        "port",
+        "username",
+        "key_file",
+        "key_files",
+        "python",
+        "workdir",
+        "staging",
+        "known_hosts",
+        "env",
+        "max_channels",
+    }
 )
 
 
@@ -57,9 +69,9 @@ class GpuSchedApp(ExtensionApp):
     packer_policy = Enum(
         list(POLICIES), default_value="fragmentation", help="How jobs are placed on GPUs."
     ).tag(config=True)
-    admin_users = Set(
-        Unicode(), help="User names that may cancel or change anyone's jobs."
-    ).tag(config=True)
+    admin_users = Set(Unicode(), help="User names that may cancel or change anyone's jobs.").tag(
+        config=True
+    )
     anonymous_user = Unicode(
         help="Owner recorded for requests Jupyter's stock identity providers leave anonymous "
         "(a single-user server with one shared token); default: the OS user of the server."

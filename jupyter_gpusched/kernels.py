@@ -161,8 +161,14 @@ class KernelBridge:
         if not node or not job.handle.get("job_dir"):
             raise ConflictError(f"lease {job.id} has no launch record yet; ask again shortly")
         argv = [
-            _node_python(self.backend, node), "-m", _MODULE, "connection",
-            "--path", self._remote_path(job), "--timeout", str(self.connect_timeout_s),
+            _node_python(self.backend, node),
+            "-m",
+            _MODULE,
+            "connection",
+            "--path",
+            self._remote_path(job),
+            "--timeout",
+            str(self.connect_timeout_s),
         ]
         result = await self.backend.run(node, argv, timeout_s=self.connect_timeout_s + 30)
         try:
@@ -286,8 +292,16 @@ def serve_kernel(connection_file: str) -> None:
         os.chdir(cwd)
     os.umask(0o077)  # the connection file holds the session key
     _write_curve_connection(path)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", path, "--ip=127.0.0.1",
-            "--transport=tcp", "--HistoryManager.enabled=False"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        path,
+        "--ip=127.0.0.1",
+        "--transport=tcp",
+        "--HistoryManager.enabled=False",
+    ]
     sys.stdout.flush()
     os.execv(sys.executable, argv)
 
@@ -310,9 +324,13 @@ def _write_curve_connection(path: str) -> None:
         return
     public, secret = zmq.curve_keypair()
     info = {
-        "transport": "tcp", "ip": "127.0.0.1", "key": secrets.token_hex(32),
-        "signature_scheme": "hmac-sha256", **{k: 0 for k in PORT_KEYS},
-        "curve_publickey": public.decode("ascii"), "curve_secretkey": secret.decode("ascii"),
+        "transport": "tcp",
+        "ip": "127.0.0.1",
+        "key": secrets.token_hex(32),
+        "signature_scheme": "hmac-sha256",
+        **{k: 0 for k in PORT_KEYS},
+        "curve_publickey": public.decode("ascii"),
+        "curve_secretkey": secret.decode("ascii"),
     }
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -379,8 +397,9 @@ class RemoteError(Exception):
 def remote_error(content: dict[str, Any]) -> RemoteError:
     """An exception named like the remote one (the cell reports ``ZeroDivisionError``...)."""
     ename = str(content.get("ename") or "RemoteError")
-    cls = type(ename if ename.isidentifier() else "RemoteError", (RemoteError,),
-               {"__module__": "remote"})
+    cls = type(
+        ename if ename.isidentifier() else "RemoteError", (RemoteError,), {"__module__": "remote"}
+    )
     return cls(ename, str(content.get("evalue") or ""), list(content.get("traceback") or []))
 
 
@@ -408,8 +427,12 @@ def beating(kc: Any) -> bool:
 
 
 def run_remote(
-    kc: Any, code: str, *, allow_stdin: bool = False,
-    tick: Any = None, silent: Any = None,
+    kc: Any,
+    code: str,
+    *,
+    allow_stdin: bool = False,
+    tick: Any = None,
+    silent: Any = None,
 ) -> RemoteResult | None:
     """Execute ``code`` through ``kc`` and relay its outputs into the running local cell.
 
@@ -490,8 +513,10 @@ def _relay(kind: str, content: dict[str, Any]) -> None:
         stream.flush()  # arrives in the cell as it came, in order with displays
     elif kind in ("display_data", "update_display_data"):
         publish_display_data(
-            content.get("data", {}), content.get("metadata", {}),
-            transient=content.get("transient") or {}, update=kind == "update_display_data",
+            content.get("data", {}),
+            content.get("metadata", {}),
+            transient=content.get("transient") or {},
+            update=kind == "update_display_data",
         )
     elif kind == "clear_output":
         clear_output(wait=bool(content.get("wait")))

@@ -227,20 +227,25 @@ class GpuMagics(Magics):
 
     def _line(self, argv: list[str]) -> Any:
         commands = {
-            "release": self._release_cmd, "status": self._status_cmd, "queue": self._queue_cmd,
-            "submit": self._submit_cmd, "submit-notebook": self._submit_notebook_cmd,
-            "cancel": self._cancel_cmd, "logs": self._logs_cmd,
-            "leases": self._leases_cmd, "config": self._config_cmd,
+            "release": self._release_cmd,
+            "status": self._status_cmd,
+            "queue": self._queue_cmd,
+            "submit": self._submit_cmd,
+            "submit-notebook": self._submit_notebook_cmd,
+            "cancel": self._cancel_cmd,
+            "logs": self._logs_cmd,
+            "leases": self._leases_cmd,
+            "config": self._config_cmd,
         }
         if not argv or argv[0] in ("-h", "--help", "help"):
-            print("usage: %gpu {" + ",".join(commands) + "} ...   (%%gpu runs a cell on a GPU; "
-                  "%gpu COMMAND --help for details)")
+            print(
+                "usage: %gpu {" + ",".join(commands) + "} ...   (%%gpu runs a cell on a GPU; "
+                "%gpu COMMAND --help for details)"
+            )
             return None
         command = commands.get(argv[0])
         if command is None:
-            raise GpuMagicError(
-                f"unknown command {argv[0]!r}; use one of {', '.join(commands)}"
-            )
+            raise GpuMagicError(f"unknown command {argv[0]!r}; use one of {', '.join(commands)}")
         return command(argv[1:])
 
     # -- %%gpu --------------------------------------------------------------------------------
@@ -254,8 +259,9 @@ class GpuMagics(Magics):
                 return self._execute(lease, code)
             except _LeaseGone as gone:
                 if gone.started:
-                    raise GpuMagicError(f"lease {lease.job_id} ended while the cell ran: "
-                                        f"{gone.why}") from None
+                    raise GpuMagicError(
+                        f"lease {lease.job_id} ended while the cell ran: {gone.why}"
+                    ) from None
                 # the cell never reached the kernel: run it on a new lease
                 print(f"%gpu: lease {lease.job_id} ended ({gone.why}); requesting a new one")
         lease = self._lease(args)
@@ -300,8 +306,11 @@ class GpuMagics(Magics):
 
     def _request(self, name: str, args: argparse.Namespace) -> _Lease:
         spec = {
-            "kind": "lease", "lease_name": name, "name": f"%%gpu {args.lease}",
-            "env": {"GPUSCHED_KERNEL_CWD": os.getcwd()}, **_spec(args),
+            "kind": "lease",
+            "lease_name": name,
+            "name": f"%%gpu {args.lease}",
+            "env": {"GPUSCHED_KERNEL_CWD": os.getcwd()},
+            **_spec(args),
         }
         job = self._call(self.client.submit, spec)
         return _Lease(name, int(job["id"]), job)
@@ -427,7 +436,9 @@ class GpuMagics(Magics):
         kernel = getattr(self.shell, "kernel", None)
         try:
             return run_remote(
-                lease.kc, code, allow_stdin=bool(getattr(kernel, "_allow_stdin", False)),
+                lease.kc,
+                code,
+                allow_stdin=bool(getattr(kernel, "_allow_stdin", False)),
                 tick=lambda: self._touch_soon(lease),  # a long cell is activity too
                 silent=lambda started: self._lost_while_running(lease, started),
             )
@@ -513,14 +524,20 @@ class GpuMagics(Magics):
         print(format_queue(page["jobs"], total=page["total"]))
 
     def _submit_cmd(self, argv: list[str]) -> dict[str, Any]:
-        p = _Parser("%gpu submit", description="Queue a script: %gpu submit train.py "
-                    "[ARGS] --gpus 2 [--mem 16G]; after '--' everything goes to the script.")
+        p = _Parser(
+            "%gpu submit",
+            description="Queue a script: %gpu submit train.py "
+            "[ARGS] --gpus 2 [--mem 16G]; after '--' everything goes to the script.",
+        )
         _resources(p)
         p.add_argument("--name", help="display name")
         p.add_argument("--priority", choices=("interactive", "batch"))
-        p.add_argument("--staged", action="store_true",
-                       help="run the staged copy in the job's directory on the node "
-                       "(default: in this notebook's directory, for nodes sharing it)")
+        p.add_argument(
+            "--staged",
+            action="store_true",
+            help="run the staged copy in the job's directory on the node "
+            "(default: in this notebook's directory, for nodes sharing it)",
+        )
         ours, script_args = argv, []
         if "--" in argv:
             cut = argv.index("--")
@@ -536,29 +553,47 @@ class GpuMagics(Magics):
         run = os.path.basename(script) if args.staged else script
         command = ["python3", run] if script.endswith(".py") else [f"./{run}"]
         spec: dict[str, Any] = {
-            "kind": "script", "command": [*command, *script_argv], "files": [local],
-            "name": args.name or os.path.basename(script), **_spec(args),
+            "kind": "script",
+            "command": [*command, *script_argv],
+            "files": [local],
+            "name": args.name or os.path.basename(script),
+            **_spec(args),
         }
         if not args.staged:
             spec["workdir"] = os.getcwd()
         if args.priority:
             spec["priority"] = args.priority
         job = self._call(self.client.submit, spec)
-        print(f"%gpu: submitted job {job['id']} ({job['state']}); "
-              f"follow it with %gpu logs {job['id']}")
+        print(
+            f"%gpu: submitted job {job['id']} ({job['state']}); "
+            f"follow it with %gpu logs {job['id']}"
+        )
         return job
 
     def _submit_notebook_cmd(self, argv: list[str]) -> dict[str, Any]:
         from .cli_notebooks import parse_parameter
 
-        p = _Parser("%gpu submit-notebook", description="Run a notebook as a batch job: "
-                    "%gpu submit-notebook nb.ipynb -p lr=0.1 --gpus 1 --at tonight. The "
-                    "executed copy comes back beside it with a timestamped name.")
+        p = _Parser(
+            "%gpu submit-notebook",
+            description="Run a notebook as a batch job: "
+            "%gpu submit-notebook nb.ipynb -p lr=0.1 --gpus 1 --at tonight. The "
+            "executed copy comes back beside it with a timestamped name.",
+        )
         p.add_argument("notebook", help="path of the .ipynb to run")
-        p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-                       help="a parameter, typed like Python: lr=0.1, epochs=3, tag=base")
-        p.add_argument("--at", default="now", help="now, tonight, a window name, an ISO "
-                       "time or a cron expression such as '0 2 * * *' (repeats)")
+        p.add_argument(
+            "-p",
+            "--parameter",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a parameter, typed like Python: lr=0.1, epochs=3, tag=base",
+        )
+        p.add_argument(
+            "--at",
+            default="now",
+            help="now, tonight, a window name, an ISO "
+            "time or a cron expression such as '0 2 * * *' (repeats)",
+        )
         p.add_argument("--kernel", help="kernel name (default: the notebook's)")
         p.add_argument("--name", help="display name")
         _resources(p)
@@ -569,8 +604,12 @@ class GpuMagics(Magics):
             parameters = dict(parse_parameter(text) for text in args.parameter)
         except ValueError as exc:
             raise GpuMagicError(str(exc)) from None
-        body: dict[str, Any] = {"notebook": os.path.abspath(args.notebook),
-                                "parameters": parameters, "at": args.at, **_spec(args)}
+        body: dict[str, Any] = {
+            "notebook": os.path.abspath(args.notebook),
+            "parameters": parameters,
+            "at": args.at,
+            **_spec(args),
+        }
         if args.kernel:
             body["kernel_name"] = args.kernel
         if args.name:
@@ -578,12 +617,16 @@ class GpuMagics(Magics):
         answer = self._call(self.client.call, "POST", "notebooks", body=body)
         if answer.get("definition"):
             d = answer["definition"]
-            print(f"%gpu: scheduled {args.notebook} as definition {d['id']} ({args.at}); "
-                  "list them with 'jupyter gpusched definitions'")
+            print(
+                f"%gpu: scheduled {args.notebook} as definition {d['id']} ({args.at}); "
+                "list them with 'jupyter gpusched definitions'"
+            )
         else:
             job = answer["job"]
-            print(f"%gpu: submitted {args.notebook} as job {job['id']} ({job['state']}); "
-                  f"follow it with %gpu logs {job['id']}")
+            print(
+                f"%gpu: submitted {args.notebook} as job {job['id']} ({job['state']}); "
+                f"follow it with %gpu logs {job['id']}"
+            )
         return answer
 
     def _cancel_cmd(self, argv: list[str]) -> None:
@@ -632,8 +675,9 @@ class GpuMagics(Magics):
 
 def _moved(lease: _Lease, answer: dict[str, Any]) -> bool:
     """Whether the server forwarded the kernel again (reconnect), or anew (after a restart)."""
-    return bool(answer.get("generation") != lease.generation
-                or answer.get("connection") != lease.connection)
+    return bool(
+        answer.get("generation") != lease.generation or answer.get("connection") != lease.connection
+    )
 
 
 def _waiting_line(job: dict[str, Any], window: dict[str, Any]) -> str:

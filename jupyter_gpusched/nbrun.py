@@ -68,8 +68,16 @@ class _Stop(Exception):
 class _Runner:
     """One execution: the notebook in memory, written out whenever something happened."""
 
-    def __init__(self, nb: Any, output: str, *, kernel_name: str, cwd: str,
-                 cell_timeout_s: float | None, job_timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        nb: Any,
+        output: str,
+        *,
+        kernel_name: str,
+        cwd: str,
+        cell_timeout_s: float | None,
+        job_timeout_s: float | None,
+    ) -> None:
         self.nb = nb
         self.output = output
         self.kernel_name = kernel_name
@@ -79,8 +87,9 @@ class _Runner:
         self.stop_reason: str | None = None
         self.exit_code: int | None = None
         self.current: int | None = None  # index of the cell executing now
-        self.code_cells = [i for i, c in enumerate(nb.cells)
-                           if c.cell_type == "code" and c.source.strip()]
+        self.code_cells = [
+            i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()
+        ]
         self._at_line_start = True
         self._task: asyncio.Task[Any] | None = None
 
@@ -121,8 +130,9 @@ class _Runner:
         if self._task is not None:
             self._task.cancel()
 
-    def _mark_failure(self, index: int | None, ename: str, evalue: str,
-                      traceback: list[str]) -> None:
+    def _mark_failure(
+        self, index: int | None, ename: str, evalue: str, traceback: list[str]
+    ) -> None:
         """Note the failure in the notebook: metadata, a banner cell, an error output."""
         import nbformat
 
@@ -158,8 +168,9 @@ class _Runner:
         total = len(self.code_cells)
 
         class Client(NotebookClient):  # type: ignore[misc]
-            def output(self, outs: Any, msg: dict[str, Any], display_id: Any,
-                       cell_index: int) -> Any:
+            def output(
+                self, outs: Any, msg: dict[str, Any], display_id: Any, cell_index: int
+            ) -> Any:
                 content = msg.get("content", {})
                 if msg.get("msg_type") == "stream":
                     runner.echo(content.get("text", ""))
@@ -172,7 +183,9 @@ class _Runner:
             # notebook is saved first.
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(
-                signal.SIGTERM, self.stop, "stopped by SIGTERM (cancelled or preempted)",
+                signal.SIGTERM,
+                self.stop,
+                "stopped by SIGTERM (cancelled or preempted)",
                 EXIT_TERMINATED,
             )
 
@@ -196,9 +209,12 @@ class _Runner:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stop, "stopped by SIGTERM", EXIT_TERMINATED)
         if self.job_timeout_s is not None:
-            loop.call_later(self.job_timeout_s, self.stop,
-                            f"job time limit of {self.job_timeout_s:g} s reached",
-                            EXIT_JOB_TIMEOUT)
+            loop.call_later(
+                self.job_timeout_s,
+                self.stop,
+                f"job time limit of {self.job_timeout_s:g} s reached",
+                EXIT_JOB_TIMEOUT,
+            )
         self._task = asyncio.ensure_future(client.async_execute())
         try:
             await self._task
@@ -238,8 +254,11 @@ def _plain(text: str) -> str:
 
 def _language(nb: Any) -> str:
     meta = nb.metadata
-    return str(meta.get("kernelspec", {}).get("language")
-               or meta.get("language_info", {}).get("name") or "python")
+    return str(
+        meta.get("kernelspec", {}).get("language")
+        or meta.get("language_info", {}).get("name")
+        or "python"
+    )
 
 
 def run(
@@ -276,8 +295,14 @@ def run(
         "job_id": os.environ.get("GPUSCHED_JOB_ID"),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
-    runner = _Runner(nb, output, kernel_name=kernel, cwd=cwd or os.getcwd(),
-                     cell_timeout_s=cell_timeout_s, job_timeout_s=job_timeout_s)
+    runner = _Runner(
+        nb,
+        output,
+        kernel_name=kernel,
+        cwd=cwd or os.getcwd(),
+        cell_timeout_s=cell_timeout_s,
+        job_timeout_s=job_timeout_s,
+    )
     runner.write()
     t0 = time.monotonic()
     code = asyncio.run(runner.run())
@@ -291,11 +316,16 @@ def run(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jupyter_gpusched.nbrun",
-                                description="Execute a notebook with parameters (on a GPU node).")
+    p = argparse.ArgumentParser(
+        prog="python -m jupyter_gpusched.nbrun",
+        description="Execute a notebook with parameters (on a GPU node).",
+    )
     p.add_argument("input", help="notebook to run")
-    p.add_argument("--fallback-input", help="path to use when INPUT does not exist here "
-                   "(the server's path, for nodes that share its filesystem)")
+    p.add_argument(
+        "--fallback-input",
+        help="path to use when INPUT does not exist here "
+        "(the server's path, for nodes that share its filesystem)",
+    )
     p.add_argument("--output", required=True, help="where the executed notebook goes")
     p.add_argument("--parameters", default="{}", help="JSON object of parameters")
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
@@ -322,9 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpusched nbrun: notebook {args.input} not found in {os.getcwd()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return run(source, args.output, parameters=parameters, kernel_name=args.kernel,
-                   cwd=args.cwd, cell_timeout_s=args.cell_timeout_s,
-                   job_timeout_s=args.job_timeout_s)
+        return run(
+            source,
+            args.output,
+            parameters=parameters,
+            kernel_name=args.kernel,
+            cwd=args.cwd,
+            cell_timeout_s=args.cell_timeout_s,
+            job_timeout_s=args.job_timeout_s,
+        )
     except Exception as exc:  # noqa: BLE001 - one clear line in the job's log
         print(f"gpusched nbrun: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -26,8 +26,9 @@ _PATCHABLE = frozenset({"paused", "schedule", "timezone", "catch_up", "name"})
 
 def _definition_id(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > _MAX_ID:
-        raise NotFoundError(f"definition {text} does not exist; list them with "
-                            "GET gpusched/api/definitions")
+        raise NotFoundError(
+            f"definition {text} does not exist; list them with GET gpusched/api/definitions"
+        )
     return int(text)
 
 
@@ -54,8 +55,12 @@ class _NotebookApi(ApiHandler):
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         sched = plugin.scheduler
         return build_submission(
-            parse_request(body), user=self.username, root_dir=self.root_dir(),
-            config=sched.policy, now=sched.clock.now(), recurring=recurring,
+            parse_request(body),
+            user=self.username,
+            root_dir=self.root_dir(),
+            config=sched.policy,
+            now=sched.clock.now(),
+            recurring=recurring,
         )
 
 
@@ -73,10 +78,13 @@ class NotebooksHandler(_NotebookApi):
         else:
             where = url_path_join(self.base_url, API, "definitions", str(definition.id))
         self.set_header("Location", where)
-        self.write_json({
-            "job": None if job is None else plugin.scheduler.job_view(job),
-            "definition": None if definition is None else definition_json(definition),
-        }, status=201)
+        self.write_json(
+            {
+                "job": None if job is None else plugin.scheduler.job_view(job),
+                "definition": None if definition is None else definition_json(definition),
+            },
+            status=201,
+        )
 
 
 class DefinitionsHandler(_NotebookApi):
@@ -93,8 +101,14 @@ class DefinitionsHandler(_NotebookApi):
         limit = self.query_int("limit", 100, 0, MAX_LIMIT)
         offset = self.query_int("offset", 0, 0, 2**53)
         items, total = plugin.definitions.list(user=user or None, limit=limit, offset=offset)
-        self.write_json({"definitions": [definition_json(d) for d in items], "total": total,
-                         "limit": limit, "offset": offset})
+        self.write_json(
+            {
+                "definitions": [definition_json(d) for d in items],
+                "total": total,
+                "limit": limit,
+                "offset": offset,
+            }
+        )
 
     @web.authenticated
     @authorized
@@ -102,8 +116,9 @@ class DefinitionsHandler(_NotebookApi):
         """A new recurring notebook job; ``schedule`` (cron) is required."""
         plugin = await self.plugin()
         _, definition = plugin.submit(await self.submission(recurring=True))
-        self.set_header("Location",
-                        url_path_join(self.base_url, API, "definitions", str(definition.id)))
+        self.set_header(
+            "Location", url_path_join(self.base_url, API, "definitions", str(definition.id))
+        )
         self.write_json(definition_json(definition), status=201)
 
 

@@ -143,13 +143,17 @@ def resolve_notebook(path: str, root_dir: str) -> tuple[str, str]:
     full = os.path.realpath(path if os.path.isabs(path) else os.path.join(root, path))
     inside = os.path.commonpath([full, root]) == root
     if not os.path.isabs(path) and not inside:
-        raise InvalidSpecError("notebook", f"{path!r} leads outside the server's root "
-                               "directory; give a path under it, or an absolute path")
+        raise InvalidSpecError(
+            "notebook",
+            f"{path!r} leads outside the server's root "
+            "directory; give a path under it, or an absolute path",
+        )
     if not full.endswith(".ipynb"):
         raise InvalidSpecError("notebook", f"{path!r} is not a notebook (.ipynb)")
     if not os.path.isfile(full):
-        raise NotFoundError(f"notebook {path!r} not found (relative paths start at the "
-                            "server's root directory)")
+        raise NotFoundError(
+            f"notebook {path!r} not found (relative paths start at the server's root directory)"
+        )
     shown = os.path.relpath(full, root).replace(os.sep, "/") if inside else full
     return shown, full
 
@@ -175,8 +179,11 @@ def next_batch_window(config: windows.PolicyConfig, now: datetime) -> datetime:
         if active.until is None:
             break
         t = active.until
-    raise InvalidSpecError("at", "no policy window lets batch jobs run without a time limit; "
-                           "give a time (ISO) or a cron expression instead of 'tonight'")
+    raise InvalidSpecError(
+        "at",
+        "no policy window lets batch jobs run without a time limit; "
+        "give a time (ISO) or a cron expression instead of 'tonight'",
+    )
 
 
 def next_window(config: windows.PolicyConfig, now: datetime, name: str) -> datetime:
@@ -213,8 +220,9 @@ def resolve_at(
             start = datetime.fromisoformat(text)
         except ValueError:
             raise InvalidSpecError(
-                "at", f"{at!r} is not 'now', 'tonight', a window name ({', '.join(sorted(names))}"
-                "), an ISO time or a cron expression like '0 2 * * *'"
+                "at",
+                f"{at!r} is not 'now', 'tonight', a window name ({', '.join(sorted(names))}"
+                "), an ISO time or a cron expression like '0 2 * * *'",
             ) from None
         if start.tzinfo is None:
             start = start.replace(tzinfo=ZoneInfo(tz_name or config.timezone))
@@ -222,8 +230,13 @@ def resolve_at(
 
 
 def build_submission(
-    request: NotebookRequest, *, user: str, root_dir: str, config: windows.PolicyConfig,
-    now: datetime, recurring: bool | None = None,
+    request: NotebookRequest,
+    *,
+    user: str,
+    root_dir: str,
+    config: windows.PolicyConfig,
+    now: datetime,
+    recurring: bool | None = None,
 ) -> Submission:
     """Check a notebook request and turn it into a job spec (and schedule, when recurring).
 
@@ -233,8 +246,10 @@ def build_submission(
         if not isinstance(key, str) or not key.isidentifier():
             raise InvalidSpecError(f"parameters.{key}", "must be a valid variable name")
     if len(json.dumps(request.parameters)) > MAX_PARAMETERS_BYTES:
-        raise InvalidSpecError("parameters", f"larger than {MAX_PARAMETERS_BYTES} bytes as "
-                               "JSON; pass a path to a data file instead")
+        raise InvalidSpecError(
+            "parameters",
+            f"larger than {MAX_PARAMETERS_BYTES} bytes as JSON; pass a path to a data file instead",
+        )
     tz_name = request.timezone or config.timezone
     check_timezone(tz_name)
     schedule = request.schedule
@@ -246,8 +261,9 @@ def build_submission(
     if recurring is True and schedule is None:
         raise InvalidSpecError("schedule", "a definition needs a cron schedule like '0 2 * * *'")
     if recurring is False and schedule is not None:
-        raise InvalidSpecError("at", "a cron expression makes a recurring definition; "
-                               "POST it to definitions")
+        raise InvalidSpecError(
+            "at", "a cron expression makes a recurring definition; POST it to definitions"
+        )
     rel, full = resolve_notebook(request.notebook, root_dir)
     labels = dict(request.labels)
     if request.cell_timeout_s is not None:
@@ -256,13 +272,33 @@ def build_submission(
         labels[BACKOFF_LABEL] = f"{request.retry_backoff_s:g}"
     if request.cwd:
         labels[CWD_LABEL] = request.cwd
-    fields = request.model_dump(exclude={
-        "notebook", "at", "schedule", "timezone", "catch_up", "paused", "cell_timeout_s",
-        "retry_backoff_s", "cwd", "labels"}, exclude_none=True)
-    spec = parse_spec({
-        **fields, "kind": "notebook", "notebook": rel, "files": [full], "labels": labels,
-        "name": request.name or posixpath.basename(rel), "not_before": not_before,
-    }, user=user)
+    fields = request.model_dump(
+        exclude={
+            "notebook",
+            "at",
+            "schedule",
+            "timezone",
+            "catch_up",
+            "paused",
+            "cell_timeout_s",
+            "retry_backoff_s",
+            "cwd",
+            "labels",
+        },
+        exclude_none=True,
+    )
+    spec = parse_spec(
+        {
+            **fields,
+            "kind": "notebook",
+            "notebook": rel,
+            "files": [full],
+            "labels": labels,
+            "name": request.name or posixpath.basename(rel),
+            "not_before": not_before,
+        },
+        user=user,
+    )
     return Submission(spec, schedule, tz_name, request.catch_up, request.paused, request.name)
 
 
@@ -286,9 +322,14 @@ def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
     spec = job.spec
     assert spec.notebook is not None
     staged = _staged(spec)
-    argv = [python, "-m", "jupyter_gpusched.nbrun",
-            posixpath.basename(spec.notebook) if staged else spec.notebook,
-            "--output", remote_output_name(spec)]
+    argv = [
+        python,
+        "-m",
+        "jupyter_gpusched.nbrun",
+        posixpath.basename(spec.notebook) if staged else spec.notebook,
+        "--output",
+        remote_output_name(spec),
+    ]
     if staged:
         # nodes that share the server's filesystem get no staged copy, but see this path
         argv += ["--fallback-input", staged]
@@ -335,7 +376,9 @@ class NotebookPlugin:
         self.backend = backend
         self.store = scheduler.store
         self.definitions = Definitions(
-            scheduler.store, clock=scheduler.clock, misfire_grace_s=misfire_grace_s,
+            scheduler.store,
+            clock=scheduler.clock,
+            misfire_grace_s=misfire_grace_s,
             admins=frozenset(getattr(scheduler, "admins", ())),
         )
         self._followers: dict[int, asyncio.Task[None]] = {}
@@ -363,8 +406,12 @@ class NotebookPlugin:
             return self.scheduler.submit(submission.spec), None
         self.scheduler.check_feasible(submission.spec)
         definition = self.definitions.create(
-            submission.spec, schedule=submission.schedule, timezone=submission.timezone,
-            catch_up=submission.catch_up, name=submission.name, paused=submission.paused,
+            submission.spec,
+            schedule=submission.schedule,
+            timezone=submission.timezone,
+            catch_up=submission.catch_up,
+            name=submission.name,
+            paused=submission.paused,
         )
         return None, definition
 
@@ -377,8 +424,9 @@ class NotebookPlugin:
                 self.scheduler.wake()
         except Exception:  # a broken definition must not stop the scheduling pass
             log.exception("gpusched: firing job definitions failed")
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), kind=JobKind.NOTEBOOK,
-                                          limit=None)
+        running, _ = self.store.list_jobs(
+            states=list(ACTIVE_STATES), kind=JobKind.NOTEBOOK, limit=None
+        )
         for job in running:
             task = self._followers.get(job.id)
             if job.handle.get("log") and (task is None or task.done()) and not self._closed:
@@ -417,8 +465,9 @@ class NotebookPlugin:
                 row = s.get(ProgressRow, job_id)
                 if row is not None:
                     return int(row.log_offset)
-                s.add(ProgressRow(job_id=job_id, log_offset=0,
-                                  updated_at=self.scheduler.clock.now()))
+                s.add(
+                    ProgressRow(job_id=job_id, log_offset=0, updated_at=self.scheduler.clock.now())
+                )
         except IntegrityError:  # another server created it just now
             pass
         return 0
@@ -471,8 +520,17 @@ class NotebookPlugin:
             )
             if moved.rowcount != 1:
                 return  # another follower (another server) stored this line already
-            add_event_row(s, EventRow(at=now, job_id=job_id, kind="progress", from_state=None,
-                             to_state=None, detail={**keep, "offset": offset}))
+            add_event_row(
+                s,
+                EventRow(
+                    at=now,
+                    job_id=job_id,
+                    kind="progress",
+                    from_state=None,
+                    to_state=None,
+                    detail={**keep, "offset": offset},
+                ),
+            )
         await self.scheduler.notify()
 
     # -- results ---------------------------------------------------------------------------
@@ -488,8 +546,10 @@ class NotebookPlugin:
         base = _free_name(folder, f"{stem}-{stamp}-job{job.id}")
         rel_dir = posixpath.dirname(job.spec.notebook or "")
         got: dict[str, str] = {}
-        remote = {".ipynb": f"{job_dir}/{remote_output_name(job.spec)}",
-                  ".log": str(job.handle.get("log") or f"{job_dir}/output.log")}
+        remote = {
+            ".ipynb": f"{job_dir}/{remote_output_name(job.spec)}",
+            ".log": str(job.handle.get("log") or f"{job_dir}/output.log"),
+        }
         for ext, path in remote.items():
             target = os.path.join(folder, base + ext)
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gpusched-", suffix=ext)
@@ -510,10 +570,18 @@ class NotebookPlugin:
             labels[OUTPUT_LABEL] = got[".ipynb"]
         if ".log" in got:
             labels[LOG_LABEL] = got[".log"]
-        self.store.update_job(job.id, spec=job.spec.model_copy(update={"labels": labels}),
-                              event=None)
-        self.store.add_event("notebook_output", job_id=job.id, detail={
-            "notebook": got.get(".ipynb"), "log": got.get(".log"), "state": job.state.value})
+        self.store.update_job(
+            job.id, spec=job.spec.model_copy(update={"labels": labels}), event=None
+        )
+        self.store.add_event(
+            "notebook_output",
+            job_id=job.id,
+            detail={
+                "notebook": got.get(".ipynb"),
+                "log": got.get(".log"),
+                "state": job.state.value,
+            },
+        )
 
     def _maybe_retry(self, job: Job) -> None:
         spec = job.spec
@@ -529,9 +597,16 @@ class NotebookPlugin:
         again = spec.model_copy(update={"labels": labels, "not_before": when})
         with contextlib.suppress(GpuSchedError):
             new = self.scheduler.submit(again)
-            self.store.add_event("retry", job_id=job.id, detail={
-                "retry_job_id": new.id, "retry": tries + 1, "of": spec.retries,
-                "not_before": when.isoformat()})
+            self.store.add_event(
+                "retry",
+                job_id=job.id,
+                detail={
+                    "retry_job_id": new.id,
+                    "retry": tries + 1,
+                    "of": spec.retries,
+                    "not_before": when.isoformat(),
+                },
+            )
 
 
 def _free_name(folder: str, base: str) -> str:

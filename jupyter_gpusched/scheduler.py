@@ -96,8 +96,9 @@ class Scheduler:
         self._stopping = False
         self.stop_grace_s = 10.0
         self._wake = asyncio.Event()
-        self.events = EventHub(self.store, self.clock, cluster=self.cluster_view,
-                               job=lambda j: self.job_view(j))
+        self.events = EventHub(
+            self.store, self.clock, cluster=self.cluster_view, job=lambda j: self.job_view(j)
+        )
         self._tick_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -177,8 +178,9 @@ class Scheduler:
                     await hook(job)
                 except Exception:  # one bad hook must not stop the loop or the others
                     log.exception("gpusched: end hook failed for job %s", job.id)
-            self.store.update_job(job.id, handle={**job.handle, "ended_hooks_done": True},
-                                  event=None)
+            self.store.update_job(
+                job.id, handle={**job.handle, "ended_hooks_done": True}, event=None
+            )
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
         mono = self.clock.monotonic()
@@ -252,23 +254,27 @@ class Scheduler:
         stopping = job.handle.get("stopping")
         if stopping in ("preempt", "migrate"):
             self._move(
-                job.id, JobState.PREEMPTED, reason=job.handle.get("stop_reason"),
-                finished_at=ended, exit_code=code,
+                job.id,
+                JobState.PREEMPTED,
+                reason=job.handle.get("stop_reason"),
+                finished_at=ended,
+                exit_code=code,
             )
             self._requeue(job, f"{job.handle.get('stop_reason')}: requeued")
             return
         if stopping in ("cancel", "idle"):
             self._move(
-                job.id, JobState.CANCELLED, finished_at=ended, exit_code=code,
+                job.id,
+                JobState.CANCELLED,
+                finished_at=ended,
+                exit_code=code,
                 reason=job.handle.get("stop_reason"),
             )
         elif code == 0:
             self._move(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
         else:
             reason = job.handle.get("stop_reason") or _exit_reason(code)
-            self._move(
-                job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason
-            )
+            self._move(job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason)
 
     def _lose(self, job: Job, detail: str) -> None:
         job = self._move(job.id, JobState.LOST, reason=detail)
@@ -276,11 +282,19 @@ class Scheduler:
             self._requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
 
     def _requeue(self, job: Job, reason: str) -> None:
-        previous = [*job.handle.get("previous", []), {k: v for k, v in job.handle.items()
-                                                      if k != "previous"}]
+        previous = [
+            *job.handle.get("previous", []),
+            {k: v for k, v in job.handle.items() if k != "previous"},
+        ]
         self._move(
-            job.id, JobState.QUEUED, reason=reason, attempt=job.attempt + 1,
-            placement=None, handle={"previous": previous}, started_at=None, exit_code=None,
+            job.id,
+            JobState.QUEUED,
+            reason=reason,
+            attempt=job.attempt + 1,
+            placement=None,
+            handle={"previous": previous},
+            started_at=None,
+            exit_code=None,
         )
 
     async def _reconcile_node(self, name: str) -> None:
@@ -302,19 +316,21 @@ class Scheduler:
         the job runs again elsewhere (or waits), the old copy must not go on using GPUs.
         Retried every tick until the node answers.
         """
-        jobs, _ = self.store.list_jobs(
-            states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000
-        )
+        jobs, _ = self.store.list_jobs(states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000)
         for job in jobs:
-            stale = [old for old in job.handle.get("previous", [])
-                     if not old.get("reaped") and old.get("pgid") is not None]
+            stale = [
+                old
+                for old in job.handle.get("previous", [])
+                if not old.get("reaped") and old.get("pgid") is not None
+            ]
             changed = False
             for old in stale:
                 if self._node_down(old.get("node", "")):
                     continue
                 try:
-                    await self.backend.cancel(job.model_copy(update={"handle": old}),
-                                              grace_s=self.cancel_grace_s)
+                    await self.backend.cancel(
+                        job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
+                    )
                 except GpuSchedError:
                     continue
                 old["reaped"] = True
@@ -387,7 +403,8 @@ class Scheduler:
         state, _ = self._cluster_state()
         usage = policy.fair_share_usage(
             _usage(self.store.usage_records(since=now - timedelta(days=14))),
-            self.policy.fairshare_half_life_s, now,
+            self.policy.fairshare_half_life_s,
+            now,
         )
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
@@ -410,14 +427,16 @@ class Scheduler:
             reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
             estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
-                backfill = policy.backfill_allowed(
-                    job, head, now, estimate, node=reply.node_name
-                )
+                backfill = policy.backfill_allowed(job, head, now, estimate, node=reply.node_name)
                 if not backfill.ok:
                     # Where the packer wanted it the job would delay the head: another node
                     # never does, so try those before leaving it waiting.
-                    reply = packer.pack(state, request, policy=self.packer_policy,
-                                        exclude={*claimed, *([head.node] if head.node else [])})
+                    reply = packer.pack(
+                        state,
+                        request,
+                        policy=self.packer_policy,
+                        exclude={*claimed, *([head.node] if head.node else [])},
+                    )
                     if reply.node is None:
                         self._set_reason(job, backfill.reason)
                         continue
@@ -455,8 +474,11 @@ class Scheduler:
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         records = self.store.usage_records(since=now - timedelta(days=1))
         return policy.AdmissionContext.build(
-            config=self.policy, window=active.window, now=now,
-            total_gpus=float(state.gpu_count[state.node_up].sum()), running=running,
+            config=self.policy,
+            window=active.window,
+            now=now,
+            total_gpus=float(state.gpu_count[state.node_up].sum()),
+            running=running,
             usage_records=_usage(records),
         )
 
@@ -531,8 +553,13 @@ class Scheduler:
             handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
             handle["limit_s"] = limit_s
         job = self._move(
-            job.id, JobState.STARTING, expect=JobState.QUEUED, placement=placement,
-            started_at=now, last_activity_at=now, handle=handle,
+            job.id,
+            JobState.STARTING,
+            expect=JobState.QUEUED,
+            placement=placement,
+            started_at=now,
+            last_activity_at=now,
+            handle=handle,
             reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
         )
         reserved_mb = 0.0
@@ -548,9 +575,12 @@ class Scheduler:
             )
         except GpuSchedError as exc:
             self._move(
-                job.id, JobState.QUEUED, reason=f"launch on {placement.node} failed: {exc.message}",
-                placement=None, started_at=None, handle={k: v for k, v in handle.items()
-                                                         if k == "previous"},
+                job.id,
+                JobState.QUEUED,
+                reason=f"launch on {placement.node} failed: {exc.message}",
+                placement=None,
+                started_at=None,
+                handle={k: v for k, v in handle.items() if k == "previous"},
             )
             return
         self._move(
@@ -607,8 +637,9 @@ class Scheduler:
             raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
         reason = reason or f"cancelled by {user}"
         if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
-            job = self._move(job_id, JobState.CANCELLED, reason=reason,
-                                        finished_at=self.clock.now())
+            job = self._move(
+                job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
+            )
         else:
             handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
             job = self.store.update_job(job_id, handle=handle, event="stopping")
@@ -624,7 +655,11 @@ class Scheduler:
         return job
 
     def update(
-        self, job_id: int, *, user: str, priority: PriorityClass | None = None,
+        self,
+        job_id: int,
+        *,
+        user: str,
+        priority: PriorityClass | None = None,
         held: bool | None = None,
     ) -> Job:
         """Change a job's priority class or hold it in the queue."""
@@ -674,8 +709,12 @@ class Scheduler:
         active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         _, queued = self.store.list_jobs(states=[JobState.QUEUED], limit=0)
         return ClusterSnapshot(
-            inventory=self._inventory, state=state, jobs=active_jobs, queued=queued,
-            window=windows.resolve_window(self.policy, now), now=now,
+            inventory=self._inventory,
+            state=state,
+            jobs=active_jobs,
+            queued=queued,
+            window=windows.resolve_window(self.policy, now),
+            now=now,
         )
 
     def cluster_view(self) -> dict[str, Any]:

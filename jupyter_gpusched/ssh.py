@@ -50,11 +50,13 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if self.staging not in ("sftp", "shared"):
-            raise ValueError(f"node {self.name}: staging must be 'sftp' or 'shared', "
-                             f"not {self.staging!r}")
+            raise ValueError(
+                f"node {self.name}: staging must be 'sftp' or 'shared', not {self.staging!r}"
+            )
         if self.max_channels < 1:
-            raise ValueError(f"node {self.name}: max_channels must be >= 1, "
-                             f"not {self.max_channels}")
+            raise ValueError(
+                f"node {self.name}: max_channels must be >= 1, not {self.max_channels}"
+            )
 
     def agent_argv(self) -> tuple[str, ...]:
         """The argv prefix that runs the agent on this node."""
@@ -297,6 +299,7 @@ class SshBackend:
 
     async def start(self) -> None:
         """Connect to every node now (failures are recorded, not raised). Idempotent."""
+
         async def attempt(st: _Node) -> None:
             with contextlib.suppress(BackendError):
                 await self._connect(st)

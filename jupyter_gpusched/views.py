@@ -61,9 +61,7 @@ def cluster_view(snap: ClusterSnapshot) -> dict[str, Any]:
                     "mem_total_gb": round(gpu.mem_total_mb / 1024, 2),
                     "mem_used_gb": round(max(gpu.mem_used_mb, reserved_mb) / 1024, 2),
                     "util_pct": gpu.util_pct,
-                    "state": _gpu_state(
-                        node, any(p.foreign for p in gpu.processes), jobs
-                    ),
+                    "state": _gpu_state(node, any(p.foreign for p in gpu.processes), jobs),
                     "share_used": round(share, 3),
                     "nvlink_peers": list(gpu.nvlink_peers),
                     "jobs": [

@@ -39,8 +39,10 @@ _QUIET_KINDS = frozenset({"activity", "waiting", "submitted", "updated"})
 
 def gpu_title(node: dict[str, Any], gpu: dict[str, Any]) -> str:
     """Hover text of one GPU: where, state, jobs and owners, memory, utilization."""
-    lines = [f"{node['name']} GPU {gpu['index']} ({gpu.get('model', '?')})",
-             f"state: {gpu['state']}"]
+    lines = [
+        f"{node['name']} GPU {gpu['index']} ({gpu.get('model', '?')})",
+        f"state: {gpu['state']}",
+    ]
     for job in gpu.get("jobs", []):
         share = job.get("share", 1.0)
         part = f", {share:.0%} of the GPU" if share < 1 else ""
@@ -89,17 +91,22 @@ def _queue_entry(job: dict[str, Any]) -> dict[str, Any]:
 class ClusterMap(widgets.VBox):
     """Node x GPU map, fragmentation figures, window and queue of one gpusched server."""
 
-    nodes = List(help="One dict per node: name, up, error, gpus (state, colour, "
-                 "mem_fill 0-1, jobs, title).").tag(sync=True)
-    metrics = Dict(help="Fragmentation figures of GET cluster (free_nodes_by_size, "
-                   "largest_placeable_gpus, frag_ratio, allocated_share, gpus_free...).").tag(
-        sync=True)
+    nodes = List(
+        help="One dict per node: name, up, error, gpus (state, colour, mem_fill 0-1, jobs, title)."
+    ).tag(sync=True)
+    metrics = Dict(
+        help="Fragmentation figures of GET cluster (free_nodes_by_size, "
+        "largest_placeable_gpus, frag_ratio, allocated_share, gpus_free...)."
+    ).tag(sync=True)
     window = Dict(help="The policy window in force: name, since, until, next, rules.").tag(
-        sync=True)
+        sync=True
+    )
     queue = List(help="Live jobs (queued, starting, running), queued first in queue order.").tag(
-        sync=True)
+        sync=True
+    )
     last_event_id = Int(0, help="Id of the last event applied; reconnects resume after it.").tag(
-        sync=True)
+        sync=True
+    )
     connected = Bool(False, help="Whether the events websocket is open.").tag(sync=True)
     error = Unicode("", help="Why the view may be stale (server unreachable...).").tag(sync=True)
 
@@ -108,8 +115,7 @@ class ClusterMap(widgets.VBox):
         self._figures = widgets.HTML()
         self._window = widgets.HTML()
         self._queue = widgets.HTML()
-        super().__init__(children=[self._map, self._figures, self._window, self._queue],
-                         **kwargs)
+        super().__init__(children=[self._map, self._figures, self._window, self._queue], **kwargs)
         self.client = client
         self._jobs: dict[int, dict[str, Any]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -255,12 +261,14 @@ class ClusterMap(widgets.VBox):
                 "</tr>"
             )
         legend = " ".join(
-            f"<span style='display:inline-block;width:10px;height:10px;background:{c}'></span>"
-            f" {s}" for s, c in COLOURS.items()
+            f"<span style='display:inline-block;width:10px;height:10px;background:{c}'></span> {s}"
+            for s, c in COLOURS.items()
         )
         self._map.value = (
             f"<table>{''.join(rows)}</table><div style='font-size:smaller'>{legend} "
-            "(dark fill: memory used)</div>" if rows else "<i>no nodes yet</i>"
+            "(dark fill: memory used)</div>"
+            if rows
+            else "<i>no nodes yet</i>"
         )
 
     @observe("metrics")
@@ -269,9 +277,15 @@ class ClusterMap(widgets.VBox):
         if not m:
             self._figures.value = ""
             return
-        by_size = ", ".join(f"{n}×{size} GPUs" for size, n in sorted(
-            (m.get("free_nodes_by_size") or {}).items(), key=lambda kv: int(kv[0])
-        )) or "none"
+        by_size = (
+            ", ".join(
+                f"{n}×{size} GPUs"
+                for size, n in sorted(
+                    (m.get("free_nodes_by_size") or {}).items(), key=lambda kv: int(kv[0])
+                )
+            )
+            or "none"
+        )
         self._figures.value = (
             f"<div><b>{m.get('gpus_free', '?')}/{m.get('gpus_total', '?')}</b> GPUs free · "
             f"largest placeable job <b>{m.get('largest_placeable_gpus', '?')}</b> GPUs · "
@@ -303,17 +317,26 @@ class ClusterMap(widgets.VBox):
             self._queue.value = "<div style='color:#666'>queue empty</div>"
             return
         rows = "".join(
-            "<tr>" + "".join(
+            "<tr>"
+            + "".join(
                 f"<td style='padding:0 6px'>{html.escape(str(v))}</td>"
                 for v in (
-                    j["id"], j["user"], j["kind"], j["state"], j["gpus"], j["node"] or "",
+                    j["id"],
+                    j["user"],
+                    j["kind"],
+                    j["state"],
+                    j["gpus"],
+                    j["node"] or "",
                     f"#{j['position']} " * bool(j["position"]) + (j["reason"] or ""),
                 )
-            ) + "</tr>"
+            )
+            + "</tr>"
             for j in self.queue
         )
-        head = "".join(f"<th style='padding:0 6px;text-align:left'>{h}</th>" for h in
-                       ("id", "user", "kind", "state", "gpus", "node", "why"))
+        head = "".join(
+            f"<th style='padding:0 6px;text-align:left'>{h}</th>"
+            for h in ("id", "user", "kind", "state", "gpus", "node", "why")
+        )
         self._queue.value = f"<table><tr>{head}</tr>{rows}</table>"
 
 

@@ -323,8 +323,11 @@ def window_rules(w: Window) -> list[str]:
         "batch jobs "
         + ("may be preempted for waiting leases" if w.preempt_batch else "are not preempted"),
         "batch jobs "
-        + ("may be moved to open a node for a bigger batch job" if w.migrate_batch
-           else "are not moved"),
+        + (
+            "may be moved to open a node for a bigger batch job"
+            if w.migrate_batch
+            else "are not moved"
+        ),
         "queue order: "
         + ("interactive first, then " if w.interactive_first else "one class, ")
         + "fair share, then age",

@@ -43,7 +43,9 @@ def api(server: ServerProcess, method: str, path: str, body: Any = None) -> Any:
     """One REST call as the server's token holder; the JSON answer."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
-        server.url + "gpusched/api/" + path, data=data, method=method,
+        server.url + "gpusched/api/" + path,
+        data=data,
+        method=method,
         headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -54,19 +56,30 @@ def notebook(*sources: str) -> nbformat.NotebookNode:
     """A notebook of code cells."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     return nb
 
 
 def execute(
-    nb: nbformat.NotebookNode, server: ServerProcess, cwd: Path, *,
-    timeout_func: Callable[[Any], int | None] | None = None, allow_errors: bool = True,
+    nb: nbformat.NotebookNode,
+    server: ServerProcess,
+    cwd: Path,
+    *,
+    timeout_func: Callable[[Any], int | None] | None = None,
+    allow_errors: bool = True,
 ) -> nbformat.NotebookNode:
     """Run ``nb`` top to bottom in a fresh python3 kernel whose server is ``server``."""
     client = NotebookClient(
-        nb, kernel_name="python3", timeout=120, allow_errors=allow_errors,
-        interrupt_on_timeout=True, timeout_func=timeout_func,
+        nb,
+        kernel_name="python3",
+        timeout=120,
+        allow_errors=allow_errors,
+        interrupt_on_timeout=True,
+        timeout_func=timeout_func,
         resources={"metadata": {"path": str(cwd)}},
     )
     client.execute(env=kernel_env(server))

@@ -25,16 +25,21 @@ from jupyter_gpusched.ssh import SshBackend
 from jupyter_gpusched.store import Store
 
 MONDAY_9AM = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
-NODES = (SimNodeSpec("a100-0", "A100-80GB", 80, 4, cpus=32, mem_gb=256),
-         SimNodeSpec("t4-0", "T4", 16, 2, cpus=8, mem_gb=64))
+NODES = (
+    SimNodeSpec("a100-0", "A100-80GB", 80, 4, cpus=32, mem_gb=256),
+    SimNodeSpec("t4-0", "T4", 16, 2, cpus=8, mem_gb=64),
+)
 DONE = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 def write_notebook(path: Path, cells: Sequence[str], *, parameters: str | None = None) -> Path:
     """A python3 notebook of code cells; ``parameters`` becomes the cell tagged parameters."""
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "language": "python",
-                                 "display_name": "Python 3"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "language": "python",
+        "display_name": "Python 3",
+    }
     body = []
     if parameters is not None:
         cell = nbformat.v4.new_code_cell(parameters)
@@ -67,25 +72,47 @@ def outputs_text(cell: Any) -> str:
 class NbHarness:
     """Scheduler + SSH backend + notebook plugin on a sim cluster, driven tick by tick."""
 
-    def __init__(self, sim: SimCluster, root: Path, clock: ManualClock,
-                 config: windows.PolicyConfig | None = None) -> None:
+    def __init__(
+        self,
+        sim: SimCluster,
+        root: Path,
+        clock: ManualClock,
+        config: windows.PolicyConfig | None = None,
+    ) -> None:
         self.sim = sim
         self.root = root
         self.clock = clock
         self.config = config or windows.PolicyConfig()
         self.store = Store(f"sqlite:///{root / 'gpusched.db'}", clock=clock)
-        backend = SshBackend(sim.node_configs(), clock=SystemClock(), down_after_failures=2,
-                             backoff_base_s=0.05, backoff_max_s=0.2)
-        self.sched = Scheduler(store=self.store, backend=backend, policy=self.config,
-                               clock=clock, poll_interval_s=0, inventory_interval_s=0,
-                               cancel_grace_s=5)
+        backend = SshBackend(
+            sim.node_configs(),
+            clock=SystemClock(),
+            down_after_failures=2,
+            backoff_base_s=0.05,
+            backoff_max_s=0.2,
+        )
+        self.sched = Scheduler(
+            store=self.store,
+            backend=backend,
+            policy=self.config,
+            clock=clock,
+            poll_interval_s=0,
+            inventory_interval_s=0,
+            cancel_grace_s=5,
+        )
         self.plugin = NotebookPlugin(self.sched, backend)
         self.plugin.install()
 
     def submit(self, user: str = "alice", **body: Any) -> Job:
         request = parse_request(body)
-        sub = build_submission(request, user=user, root_dir=str(self.root), config=self.config,
-                               now=self.clock.now(), recurring=False)
+        sub = build_submission(
+            request,
+            user=user,
+            root_dir=str(self.root),
+            config=self.config,
+            now=self.clock.now(),
+            recurring=False,
+        )
         job, _ = self.plugin.submit(sub)
         assert job is not None
         return job
@@ -106,9 +133,12 @@ class NbHarness:
 
     async def settle(self, *ids: int) -> list[Job]:
         """Tick until the jobs ended and their end hooks ran; the jobs."""
-        await self.until(lambda: all(self.job(i).state in DONE
-                                     and self.job(i).handle.get("ended_hooks_done")
-                                     for i in ids))
+        await self.until(
+            lambda: all(
+                self.job(i).state in DONE and self.job(i).handle.get("ended_hooks_done")
+                for i in ids
+            )
+        )
         return [self.job(i) for i in ids]
 
     def events(self, job_id: int, kind: str) -> list[dict[str, Any]]:
@@ -143,5 +173,13 @@ def progress_cells(details: list[dict[str, Any]]) -> list[int]:
     return [int(d["cell"]) for d in details]
 
 
-__all__ = ["NbHarness", "json", "nb_harness", "nb_sim", "outputs_text", "progress_cells",
-           "read_notebook", "write_notebook"]
+__all__ = [
+    "NbHarness",
+    "json",
+    "nb_harness",
+    "nb_sim",
+    "outputs_text",
+    "progress_cells",
+    "read_notebook",
+    "write_notebook",
+]

@@ -56,8 +56,14 @@ def conforms(body: Any, schema: str) -> Any:
 
 TOKEN_USER_HEADER = "X-Test-User"
 TEST_NODES = [
-    {"name": "g0", "gpu_model": "A100-80GB", "gpu_mem_gb": 80, "gpus": 4, "cpus": 32,
-     "mem_gb": 256},
+    {
+        "name": "g0",
+        "gpu_model": "A100-80GB",
+        "gpu_mem_gb": 80,
+        "gpus": 4,
+        "cpus": 32,
+        "mem_gb": 256,
+    },
     {"name": "g1", "gpu_model": "T4", "gpu_mem_gb": 16, "gpus": 2, "cpus": 8, "mem_gb": 64},
 ]
 
@@ -123,20 +129,33 @@ class ApiClient:
         return ApiClient(self._fetch, user)
 
     async def request(
-        self, method: str, *path: str, body: Any = None, params: dict[str, Any] | None = None,
-        raw_body: bytes | None = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        *path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        raw_body: bytes | None = None,
+        headers: dict[str, str] | None = None,
     ) -> HTTPResponse:
         """Any request; HTTP errors come back as responses, not exceptions."""
-        data = raw_body if raw_body is not None else (
-            json.dumps(body).encode() if body is not None else None
+        data = (
+            raw_body
+            if raw_body is not None
+            else (json.dumps(body).encode() if body is not None else None)
         )
         if data is None and method in ("POST", "PATCH", "PUT"):
             data = b""
         hdrs = {TOKEN_USER_HEADER: self.user, **(headers or {})}
         try:
             return await self._fetch(
-                "gpusched", "api", *path, method=method, body=data, params=params or {},
-                headers=hdrs, allow_nonstandard_methods=True,
+                "gpusched",
+                "api",
+                *path,
+                method=method,
+                body=data,
+                params=params or {},
+                headers=hdrs,
+                allow_nonstandard_methods=True,
             )
         except HTTPClientError as err:
             assert err.response is not None, err
@@ -215,8 +234,12 @@ class ServerProcess:
             "ServerApp": {
                 # only ours: the others installed here (lab, lsp, ...) cost seconds to load
                 "jpserver_extensions": {
-                    "jupyter_gpusched": True, "jupyterlab": False, "jupyter_lsp": False,
-                    "notebook_shim": False, "notebook": False, "jupyter_server_terminals": False,
+                    "jupyter_gpusched": True,
+                    "jupyterlab": False,
+                    "jupyter_lsp": False,
+                    "notebook_shim": False,
+                    "notebook": False,
+                    "jupyter_server_terminals": False,
                 },
                 "allow_root": True,
                 "port": self.port,
@@ -235,8 +258,11 @@ class ServerProcess:
         """Start and wait until the scheduler answers."""
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jupyter_server"], env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, cwd=self.root,
+                [sys.executable, "-m", "jupyter_server"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -115,8 +115,9 @@ class _Server(asyncssh.SSHServer):
         if self._conn is not None:
             self._owner.conns.discard(self._conn)
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str,
-                             orig_port: int) -> bool:
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> bool:
         return True  # allow forward_local_port (asyncssh refuses it by default)
 
     def unix_connection_requested(self, dest_path: str) -> bool:
@@ -211,9 +212,14 @@ class InProcessSshServer:
 
     async def _run(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", process.command or "exit 0",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, env=self.env,
+            "/bin/sh",
+            "-c",
+            process.command or "exit 0",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=self.env,
             cwd=self.home,
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -241,8 +247,9 @@ class InProcessSshServer:
                     broken = True  # keep draining so the command never blocks on a full pipe
 
         feeder = asyncio.create_task(pump_in())
-        await asyncio.gather(pump_out(proc.stdout, process.stdout),
-                             pump_out(proc.stderr, process.stderr))
+        await asyncio.gather(
+            pump_out(proc.stdout, process.stdout), pump_out(proc.stderr, process.stderr)
+        )
         code = await proc.wait()
         feeder.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -348,8 +355,9 @@ class Sshd:
         )
         self.known_hosts.write_text(_known_hosts_line(self.port, self.host_key))
         self._log = open(self.private / "sshd.log", "wb")  # noqa: SIM115
-        self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=self._log,
-                                      stderr=subprocess.STDOUT)
+        self._proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stdout=self._log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -409,8 +417,9 @@ def running_sshd() -> Iterator[Sshd]:
 
 def script_job(job_id: int, command: list[str], clock: ManualClock, **spec: Any) -> Job:
     """A script job as the scheduler would hand it to the backend."""
-    return Job(id=job_id, spec=JobSpec(kind="script", command=command, **spec),
-               submitted_at=clock.now())
+    return Job(
+        id=job_id, spec=JobSpec(kind="script", command=command, **spec), submitted_at=clock.now()
+    )
 
 
 async def ended(backend: SshBackend, job: Job) -> JobStatus:

@@ -35,8 +35,12 @@ def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
-    done = subprocess.run([sys.executable, "-m", "jupyter_gpusched.agent", *args],
-                          env=env, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpusched.agent", *args],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     if check:
         assert done.returncode == 0, (done.stdout, done.stderr)
     return json.loads(done.stdout)
@@ -45,8 +49,16 @@ def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
 def wait_ended(env: dict[str, str], job: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        answer = agent(env, "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
-                       "--start-time", str(job["start_time"]))
+        answer = agent(
+            env,
+            "status",
+            "--job-dir",
+            job["job_dir"],
+            "--pid",
+            str(job["pid"]),
+            "--start-time",
+            str(job["start_time"]),
+        )
         if not answer["running"]:
             return dict(answer)
         time.sleep(0.05)
@@ -79,8 +91,11 @@ def test_probe_without_driver_or_nvidia_smi_reports_no_gpus(node: dict[str, Any]
 def test_probe_through_simulated_nvml(node: dict[str, Any]) -> None:
     foreign = [{"gpu_index": 2, "pid": 4_100_001, "mem_mb": 2048, "name": "python"}]
     node["state"].write_text(json.dumps(gpu_state(4, foreign)))
-    env = {**node["env"], "GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim",
-           "GPUSCHED_SIM_STATE": str(node["state"])}
+    env = {
+        **node["env"],
+        "GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim",
+        "GPUSCHED_SIM_STATE": str(node["state"]),
+    }
     answer = agent(env, "probe")
     assert answer["source"] == "nvml"
     assert (answer["cpus"], answer["mem_gb"]) == (32, 256)
@@ -102,8 +117,11 @@ def test_probe_falls_back_to_nvidia_smi_csv(node: dict[str, Any]) -> None:
     state["gpus"][3]["power_na"] = True
     node["state"].write_text(json.dumps(state))
     bindir = fake_gpu_bin(node["dir"])
-    env = {**node["env"], "PATH": f"{bindir}:/usr/bin:/bin",
-           "FAKE_NVIDIA_SMI_STATE": str(node["state"])}
+    env = {
+        **node["env"],
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "FAKE_NVIDIA_SMI_STATE": str(node["state"]),
+    }
     answer = agent(env, "probe")
     assert answer["source"] == "nvidia-smi"
     gpus = answer["gpus"]
@@ -120,11 +138,25 @@ def test_probe_falls_back_to_nvidia_smi_csv(node: dict[str, Any]) -> None:
 
 def test_job_processes_carry_their_job_id_and_others_do_not(node: dict[str, Any]) -> None:
     bindir = fake_gpu_bin(node["dir"])
-    env = {**node["env"], "PATH": f"{bindir}:/usr/bin:/bin",
-           "FAKE_NVIDIA_SMI_STATE": str(node["state"])}
+    env = {
+        **node["env"],
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "FAKE_NVIDIA_SMI_STATE": str(node["state"]),
+    }
     uuids = [g["uuid"] for g in gpu_state(4)["gpus"]]
-    job = agent(env, "launch", "--job-dir", str(node["dir"] / "job7"), "--gpus", uuids[0],
-                "--env", "GPUSCHED_JOB_ID=7", "--", "sleep", "30")
+    job = agent(
+        env,
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "job7"),
+        "--gpus",
+        uuids[0],
+        "--env",
+        "GPUSCHED_JOB_ID=7",
+        "--",
+        "sleep",
+        "30",
+    )
     outsider = subprocess.Popen(["sleep", "30"], env={**env, "CUDA_VISIBLE_DEVICES": uuids[3]})
     try:
         gpus = agent(env, "probe")["gpus"]
@@ -140,12 +172,28 @@ def test_job_processes_carry_their_job_id_and_others_do_not(node: dict[str, Any]
 def test_launch_runs_detached_with_env_cwd_and_records_exit_code(node: dict[str, Any]) -> None:
     workdir = node["dir"] / "work"
     workdir.mkdir()
-    script = ("import os; print('cwd', os.getcwd());"
-              " print('cvd', os.environ['CUDA_VISIBLE_DEVICES']);"
-              " print('jpy', os.environ.get('JPY_PARENT_PID')); print('x', os.environ['X']);"
-              " print('sid', os.getsid(0) == os.getppid()); raise SystemExit(3)")
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j1"), "--cwd", str(workdir),
-                "--gpus", "GPU-a,GPU-b", "--env", "X=a b;c", "--", sys.executable, "-c", script)
+    script = (
+        "import os; print('cwd', os.getcwd());"
+        " print('cvd', os.environ['CUDA_VISIBLE_DEVICES']);"
+        " print('jpy', os.environ.get('JPY_PARENT_PID')); print('x', os.environ['X']);"
+        " print('sid', os.getsid(0) == os.getppid()); raise SystemExit(3)"
+    )
+    job = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j1"),
+        "--cwd",
+        str(workdir),
+        "--gpus",
+        "GPU-a,GPU-b",
+        "--env",
+        "X=a b;c",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+    )
     assert job["pgid"] != job["pid"] and job["start_time"] > 0 and not job["reused"]
     ended = wait_ended(node["env"], job)
     assert ended["exit_code"] == 3 and ended["ended_at"].endswith("+00:00")
@@ -162,70 +210,170 @@ def test_launching_the_same_job_dir_twice_returns_the_first_launch(node: dict[st
 
 
 def test_a_missing_program_ends_with_127_and_says_why(node: dict[str, Any]) -> None:
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j3"), "--",
-                "no-such-program-xyz")
+    job = agent(
+        node["env"], "launch", "--job-dir", str(node["dir"] / "j3"), "--", "no-such-program-xyz"
+    )
     assert wait_ended(node["env"], job)["exit_code"] == 127
     assert "cannot start 'no-such-program-xyz'" in Path(job["log"]).read_text()
 
 
 def test_kill_terms_the_group_and_the_wrapper_records_the_signal(node: dict[str, Any]) -> None:
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j4"), "--",
-                "sh", "-c", "sleep 30 & sleep 30; wait")
-    assert agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
-                 "--start-time", str(job["start_time"]))["running"]
-    result = agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "5",
-                   "--job-dir", job["job_dir"])
+    job = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j4"),
+        "--",
+        "sh",
+        "-c",
+        "sleep 30 & sleep 30; wait",
+    )
+    assert agent(
+        node["env"],
+        "status",
+        "--job-dir",
+        job["job_dir"],
+        "--pid",
+        str(job["pid"]),
+        "--start-time",
+        str(job["start_time"]),
+    )["running"]
+    result = agent(
+        node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "5", "--job-dir", job["job_dir"]
+    )
     assert result == {"terminated": True, "killed": False}
     assert wait_ended(node["env"], job)["exit_code"] == -15
 
 
 def test_kill_escalates_to_sigkill_after_the_grace_period(node: dict[str, Any]) -> None:
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j5"), "--",
-                "sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done")
+    job = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j5"),
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo ready; while :; do sleep 0.1; done",
+    )
     deadline = time.monotonic() + 10
     while b"ready" not in Path(job["log"]).read_bytes() and time.monotonic() < deadline:
         time.sleep(0.02)
-    result = agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "0.3",
-                   "--job-dir", job["job_dir"])
+    result = agent(
+        node["env"],
+        "kill",
+        "--pgid",
+        str(job["pgid"]),
+        "--grace",
+        "0.3",
+        "--job-dir",
+        job["job_dir"],
+    )
     assert result == {"terminated": True, "killed": True}
     assert wait_ended(node["env"], job)["exit_code"] == -9
 
 
 def test_a_reused_pid_does_not_count_as_the_job(node: dict[str, Any]) -> None:
     job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j6"), "--", "sleep", "30")
-    wrong = agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]),
-                  "--start-time", str(job["start_time"] - 1))
+    wrong = agent(
+        node["env"],
+        "status",
+        "--job-dir",
+        job["job_dir"],
+        "--pid",
+        str(job["pid"]),
+        "--start-time",
+        str(job["start_time"] - 1),
+    )
     agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "1")
     assert wrong == {"running": False, "exit_code": None, "ended_at": None}
 
 
 def test_log_reads_from_an_offset_and_follow_streams_until_the_end(node: dict[str, Any]) -> None:
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j7"), "--",
-                "sh", "-c", "echo one; sleep 0.5; echo two")
+    job = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j7"),
+        "--",
+        "sh",
+        "-c",
+        "echo one; sleep 0.5; echo two",
+    )
     # a follower stops at EOF on stdin (its SSH channel closed), so keep stdin open
     with subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"], "--follow",
-         "--job-dir", job["job_dir"], "--pid", str(job["pid"]), "--start-time",
-         str(job["start_time"])],
-        env=node["env"], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "jupyter_gpusched.agent",
+            "log",
+            "--file",
+            job["log"],
+            "--follow",
+            "--job-dir",
+            job["job_dir"],
+            "--pid",
+            str(job["pid"]),
+            "--start-time",
+            str(job["start_time"]),
+        ],
+        env=node["env"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
     ) as follower:
         assert follower.stdout is not None
         streamed = follower.stdout.read()
     assert follower.returncode == 0
     assert streamed == b"one\ntwo\n"
     part = subprocess.run(
-        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"],
-         "--offset", "4", "--limit", "2"], env=node["env"], capture_output=True, check=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyter_gpusched.agent",
+            "log",
+            "--file",
+            job["log"],
+            "--offset",
+            "4",
+            "--limit",
+            "2",
+        ],
+        env=node["env"],
+        capture_output=True,
+        check=True,
+    )
     assert part.stdout == b"tw"
 
 
 def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
-    job = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j9"), "--",
-                "sh", "-c", "echo started; sleep 30")
+    job = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j9"),
+        "--",
+        "sh",
+        "-c",
+        "echo started; sleep 30",
+    )
     closed = subprocess.run(
-        [sys.executable, "-m", "jupyter_gpusched.agent", "log", "--file", job["log"], "--follow",
-         "--job-dir", job["job_dir"], "--pid", str(job["pid"])],
-        env=node["env"], capture_output=True, timeout=30, input=b"",
+        [
+            sys.executable,
+            "-m",
+            "jupyter_gpusched.agent",
+            "log",
+            "--file",
+            job["log"],
+            "--follow",
+            "--job-dir",
+            job["job_dir"],
+            "--pid",
+            str(job["pid"]),
+        ],
+        env=node["env"],
+        capture_output=True,
+        timeout=30,
+        input=b"",
     )
     still = agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]))
     agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "1")
@@ -233,8 +381,17 @@ def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
 
 
 def test_errors_come_back_as_json(node: dict[str, Any]) -> None:
-    answer = agent(node["env"], "launch", "--job-dir", str(node["dir"] / "j8"), "--cwd",
-                   "/no/such/dir", "--", "true", check=False)
+    answer = agent(
+        node["env"],
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j8"),
+        "--cwd",
+        "/no/such/dir",
+        "--",
+        "true",
+        check=False,
+    )
     assert answer == {"error": "working directory /no/such/dir does not exist on this node"}
     assert agent(node["env"], "kill", "--pgid", "1", check=False) == {
         "error": "refusing to signal process group 1"

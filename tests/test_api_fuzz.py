@@ -64,7 +64,8 @@ OPERATIONS = {r.ok().label: r.ok() for r in SCHEMA.get_all_operations()}
 
 
 @pytest.mark.parametrize(
-    "mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE],
+    "mode",
+    [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE],
     ids=["valid", "invalid"],
 )
 @pytest.mark.parametrize("label", list(OPERATIONS))
@@ -73,7 +74,10 @@ def test_every_route_answers_as_documented(fuzz_server: Any, label: str, mode: A
     strategy = OPERATIONS[label].as_strategy(generation_mode=mode)
 
     @settings(
-        max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
     @given(case=strategy)

@@ -30,10 +30,13 @@ def test_restart_keeps_queued_jobs_and_reattaches_running_ones(
     from _fixtures_server import ServerProcess
 
     go = tmp_path / "go"
-    waiter = [sys.executable, "-c",
-              "import os, sys, time\n"
-              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-              "print('done', flush=True); sys.exit(7)"]
+    waiter = [
+        sys.executable,
+        "-c",
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        "print('done', flush=True); sys.exit(7)",
+    ]
     sim_dir = str(tmp_path / "sim")  # a kept sim directory: its jobs outlive the server
     first = ServerProcess(tmp_path, sim_dir=sim_dir).start()
     try:

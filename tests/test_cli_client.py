@@ -61,15 +61,33 @@ def sockets_to(port: int) -> list[socket.socket]:
         except OSError:
             return None
 
-    return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1
-            and o.family == socket.AF_INET and peer_port(o) == port]
+    return [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, socket.socket)
+        and o.fileno() != -1
+        and o.family == socket.AF_INET
+        and peer_port(o) == port
+    ]
 
 
 def test_submit_queue_logs_and_cancel_through_the_discovered_server(
     discovered: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(capsys, "submit", "--gpus", "2", "--mem", "16G", "--name", "hello",
-                         "--", sys.executable, "-c", "print('hi from job')")
+    code, out, err = run(
+        capsys,
+        "submit",
+        "--gpus",
+        "2",
+        "--mem",
+        "16G",
+        "--name",
+        "hello",
+        "--",
+        sys.executable,
+        "-c",
+        "print('hi from job')",
+    )
     assert (code, err) == (0, "")
     assert out.startswith("submitted job ") and "(queued" in out
     ran = out.split()[2]
@@ -114,25 +132,40 @@ def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
 
 def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
     def gpu(state: str, share: float = 0.0) -> dict:
-        return {"index": 0, "uuid": "u", "model": "T4", "state": state, "share_used": share,
-                "jobs": []}
+        return {
+            "index": 0,
+            "uuid": "u",
+            "model": "T4",
+            "state": state,
+            "share_used": share,
+            "jobs": [],
+        }
 
     cluster = {
         "nodes": [
-            {"name": "n0", "up": True, "gpus": [gpu("interactive", 0.5), gpu("batch", 1.0),
-                                                gpu("foreign"), gpu("free")]},
+            {
+                "name": "n0",
+                "up": True,
+                "gpus": [gpu("interactive", 0.5), gpu("batch", 1.0), gpu("foreign"), gpu("free")],
+            },
             {"name": "n1", "up": False, "error": "unreachable", "gpus": [gpu("down")]},
         ],
-        "metrics": {"gpus_free": 1, "gpus_total": 5, "largest_placeable_gpus": 1,
-                    "frag_ratio": 0.25},
+        "metrics": {
+            "gpus_free": 1,
+            "gpus_total": 5,
+            "largest_placeable_gpus": 1,
+            "frag_ratio": 0.25,
+        },
         "queue": {"queued": 3, "running": 2},
         "window": {"name": "day", "until": "20:00", "next": "night"},
     }
     lines = format_cluster(cluster).splitlines()
     assert lines[0].split() == ["n0", "T4", "[iBF.]", "1/4", "free", "up"]
     assert lines[1].split() == ["n1", "T4", "[x]", "0/1", "free", "DOWN", "unreachable"]
-    assert lines[3] == ("gpus: 1/5 free, largest placeable job 1 GPUs, fragmentation 0.25; "
-                        "queue: 3 queued, 2 running")
+    assert lines[3] == (
+        "gpus: 1/5 free, largest placeable job 1 GPUs, fragmentation 0.25; "
+        "queue: 3 queued, 2 running"
+    )
     assert lines[4] == "window: day until 20:00, then night"
 
 

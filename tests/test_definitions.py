@@ -54,25 +54,40 @@ def fired(store: Store) -> list[tuple[str, str]]:
 def test_daily_times_inside_the_spring_gap_fire_at_the_jump_once() -> None:
     # Berlin 2026-03-29: 02:00 CET -> 03:00 CEST; 02:30 does not exist that day
     assert fire_times("30 2 * * *", BERLIN, utc(2026, 3, 27), utc(2026, 3, 31)) == [
-        utc(2026, 3, 27, 1, 30), utc(2026, 3, 28, 1, 30),
+        utc(2026, 3, 27, 1, 30),
+        utc(2026, 3, 28, 1, 30),
         utc(2026, 3, 29, 1, 0),  # the jump, 03:00 CEST
         utc(2026, 3, 30, 0, 30),
     ]
     assert fire_times("0,30 2 * * *", BERLIN, utc(2026, 3, 29), utc(2026, 3, 29, 12)) == [
-        utc(2026, 3, 29, 1, 0)]  # two local times in the gap: still one run
+        utc(2026, 3, 29, 1, 0)
+    ]  # two local times in the gap: still one run
     assert fire_times("0 9 * * *", BERLIN, utc(2026, 3, 28), utc(2026, 3, 30, 12)) == [
-        utc(2026, 3, 28, 8), utc(2026, 3, 29, 7), utc(2026, 3, 30, 7)]
+        utc(2026, 3, 28, 8),
+        utc(2026, 3, 29, 7),
+        utc(2026, 3, 30, 7),
+    ]
 
 
 def test_ambiguous_autumn_times_fire_once_at_their_first_occurrence() -> None:
     # Berlin 2026-10-25: 03:00 CEST -> 02:00 CET; 02:00-03:00 happens twice
     assert fire_times("30 2 * * *", BERLIN, utc(2026, 10, 24), utc(2026, 10, 27)) == [
-        utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30)]
+        utc(2026, 10, 24, 0, 30),
+        utc(2026, 10, 25, 0, 30),
+        utc(2026, 10, 26, 1, 30),
+    ]
     assert fire_times("0 * * * *", BERLIN, utc(2026, 10, 24, 22), utc(2026, 10, 25, 3)) == [
-        utc(2026, 10, 24, 22), utc(2026, 10, 24, 23), utc(2026, 10, 25, 0),
-        utc(2026, 10, 25, 2), utc(2026, 10, 25, 3)]  # local 01, 02 (CEST), 03, 04 (CET)
+        utc(2026, 10, 24, 22),
+        utc(2026, 10, 24, 23),
+        utc(2026, 10, 25, 0),
+        utc(2026, 10, 25, 2),
+        utc(2026, 10, 25, 3),
+    ]  # local 01, 02 (CEST), 03, 04 (CET)
     assert fire_times("0 9 * * *", BERLIN, utc(2026, 10, 24), utc(2026, 10, 26, 12)) == [
-        utc(2026, 10, 24, 7), utc(2026, 10, 25, 8), utc(2026, 10, 26, 8)]
+        utc(2026, 10, 24, 7),
+        utc(2026, 10, 25, 8),
+        utc(2026, 10, 26, 8),
+    ]
 
 
 def test_next_fire_time_is_strictly_later_even_inside_the_repeated_hour() -> None:
@@ -81,14 +96,24 @@ def test_next_fire_time_is_strictly_later_even_inside_the_repeated_hour() -> Non
     assert next_fire_time("@hourly", "UTC", utc(2026, 1, 1, 5)) == utc(2026, 1, 1, 6)
 
 
-@pytest.mark.parametrize("start,expected", [
-    (utc(2026, 3, 27, 12), [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0),
-                            utc(2026, 3, 30, 0, 30)]),
-    (utc(2026, 10, 23, 12), [utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 0, 30),
-                             utc(2026, 10, 26, 1, 30)]),
-])
+@pytest.mark.parametrize(
+    "start,expected",
+    [
+        (
+            utc(2026, 3, 27, 12),
+            [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0), utc(2026, 3, 30, 0, 30)],
+        ),
+        (
+            utc(2026, 10, 23, 12),
+            [utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30)],
+        ),
+    ],
+)
 def test_a_definition_fires_one_job_per_local_time_across_a_dst_change(
-    store: Store, start: datetime, expected: list[datetime], tmp_path: Path,
+    store: Store,
+    start: datetime,
+    expected: list[datetime],
+    tmp_path: Path,
 ) -> None:
     clock = ManualClock(start)
     defs = Definitions(store, clock=clock)
@@ -110,7 +135,11 @@ def test_a_definition_fires_one_job_per_local_time_across_a_dst_change(
 
 @pytest.mark.parametrize("catch_up,runs", [("skip", 0), ("once", 1)])
 def test_after_downtime_missed_firings_are_skipped_or_run_once(
-    defs: Definitions, store: Store, clock: ManualClock, catch_up: str, runs: int,
+    defs: Definitions,
+    store: Store,
+    clock: ManualClock,
+    catch_up: str,
+    runs: int,
 ) -> None:
     d = defs.create(spec(), schedule="0 * * * *", catch_up=catch_up)  # hourly, from 10:00
     clock.set(utc(2026, 11, 23, 14, 20))  # down from 09:00 to 14:20: 10..14 missed
@@ -131,7 +160,8 @@ def test_after_downtime_missed_firings_are_skipped_or_run_once(
 
 
 def test_a_firing_a_little_late_is_on_time_not_missed(
-    defs: Definitions, clock: ManualClock,
+    defs: Definitions,
+    clock: ManualClock,
 ) -> None:
     d = defs.create(spec(), schedule="0 10 * * *", catch_up="skip")
     clock.set(utc(2026, 11, 23, 10, 0, 45))  # within the 60 s grace
@@ -144,7 +174,9 @@ def test_a_firing_a_little_late_is_on_time_not_missed(
 
 
 def test_paused_definitions_do_not_fire_and_resume_from_the_next_time(
-    defs: Definitions, clock: ManualClock, store: Store,
+    defs: Definitions,
+    clock: ManualClock,
+    store: Store,
 ) -> None:
     d = defs.create(spec(), schedule="*/10 * * * *", catch_up="once")
     defs.update(d.id, user="alice", paused=True)
@@ -157,7 +189,9 @@ def test_paused_definitions_do_not_fire_and_resume_from_the_next_time(
 
 
 def test_only_owners_and_admins_change_definitions_and_deleting_keeps_the_jobs(
-    defs: Definitions, clock: ManualClock, store: Store,
+    defs: Definitions,
+    clock: ManualClock,
+    store: Store,
 ) -> None:
     d = defs.create(spec("alice"), schedule="0 * * * *")
     with pytest.raises(ForbiddenError):
@@ -165,7 +199,8 @@ def test_only_owners_and_admins_change_definitions_and_deleting_keeps_the_jobs(
     with pytest.raises(ForbiddenError):
         defs.delete(d.id, user="bob")
     assert defs.update(d.id, user="root", schedule="30 * * * *").next_fire_at == utc(
-        2026, 11, 23, 9, 30)
+        2026, 11, 23, 9, 30
+    )
     clock.set(utc(2026, 11, 23, 9, 30))
     (job,) = defs.fire_due()
     defs.delete(d.id, user="alice")
@@ -176,10 +211,12 @@ def test_only_owners_and_admins_change_definitions_and_deleting_keeps_the_jobs(
 
 
 def test_bad_schedules_timezones_and_catch_up_name_their_field(defs: Definitions) -> None:
-    for kwargs, field in [({"schedule": "every day"}, "schedule"),
-                          ({"schedule": "0 2 * * * *"}, "schedule"),
-                          ({"schedule": "0 2 * * *", "timezone": "Mars/Olympus"}, "timezone"),
-                          ({"schedule": "0 2 * * *", "catch_up": "all"}, "catch_up")]:
+    for kwargs, field in [
+        ({"schedule": "every day"}, "schedule"),
+        ({"schedule": "0 2 * * * *"}, "schedule"),
+        ({"schedule": "0 2 * * *", "timezone": "Mars/Olympus"}, "timezone"),
+        ({"schedule": "0 2 * * *", "catch_up": "all"}, "catch_up"),
+    ]:
         with pytest.raises(InvalidSpecError) as err:
             defs.create(spec(), **kwargs)  # type: ignore[arg-type]
         assert err.value.field == field
@@ -228,7 +265,8 @@ def assert_exactly_once(store: Store, steps: int, n_defs: int = 3) -> None:
     defs = Definitions(store, clock=ManualClock())
     for d in defs.list()[0]:
         assert [r.fire_at.minute for r in defs.runs(d.id)] == [
-            (m % 60) for m in range(1, steps + 1)]
+            (m % 60) for m in range(1, steps + 1)
+        ]
         assert d.fire_count == steps
 
 
@@ -261,10 +299,19 @@ async def test_a_definition_fires_from_the_scheduler_tick_and_its_notebook_runs(
     from jupyter_gpusched.notebooks import build_submission, parse_request
 
     sub = build_submission(
-        parse_request({"notebook": "nightly.ipynb", "at": "5 9 * * *",
-                       "parameters": {"when": "morning"}, "gpus": 1}),
-        user="alice", root_dir=str(nb_harness.root), config=nb_harness.config,
-        now=nb_harness.clock.now())
+        parse_request(
+            {
+                "notebook": "nightly.ipynb",
+                "at": "5 9 * * *",
+                "parameters": {"when": "morning"},
+                "gpus": 1,
+            }
+        ),
+        user="alice",
+        root_dir=str(nb_harness.root),
+        config=nb_harness.config,
+        now=nb_harness.clock.now(),
+    )
     job, definition = nb_harness.plugin.submit(sub)
     assert job is None and definition.next_fire_at == utc(2026, 11, 23, 9, 5)
 

@@ -26,14 +26,19 @@ def _run(name: str, server: Any, tmp_path: Path) -> Any:
 def _expected_errors(nb: Any) -> list[str]:
     return [
         o["traceback"][-1]
-        for c in nb.cells if c.cell_type == "code"
+        for c in nb.cells
+        if c.cell_type == "code"
         for o in outputs(c, "error")
         if "raises-exception" in c.metadata.get("tags", [])
     ]
 
 
-ALL = ("01_run_a_cell_on_a_gpu.ipynb", "02_watch_fragmentation.ipynb",
-       "03_submit_a_script.ipynb", "04_schedule_a_notebook.ipynb")
+ALL = (
+    "01_run_a_cell_on_a_gpu.ipynb",
+    "02_watch_fragmentation.ipynb",
+    "03_submit_a_script.ipynb",
+    "04_schedule_a_notebook.ipynb",
+)
 
 
 def test_examples_are_found() -> None:
@@ -73,11 +78,20 @@ def test_schedule_a_notebook(live_server: Any, tmp_path: Path) -> None:
     assert code[3].startswith("succeeded\ntrain-") and code[3].rstrip().endswith(".ipynb")
     assert code[4].splitlines() == [
         "wide: lr=0.5 (float), layers=[64, 32] on 1 GPU(s)",
-        "epoch 0: loss 1.000", "epoch 1: loss 0.667", "epoch 2: loss 0.500"]
+        "epoch 0: loss 1.000",
+        "epoch 1: loss 0.667",
+        "epoch 2: loss 0.500",
+    ]
     assert [json.loads(line.split(" ", 1)[1]).get("cell") for line in code[5].splitlines()] == [
-        1, 2, 3, 4, None]
+        1,
+        2,
+        3,
+        4,
+        None,
+    ]
     assert code[6].startswith("failed exit code 1") and code[6].rstrip().endswith(
-        "ZeroDivisionError")
+        "ZeroDivisionError"
+    )
     assert "'0 2 * * *' Europe/Berlin catch-up once" in code[8]
     assert code[9].splitlines() == ["None", "True", "[]"]
 

@@ -22,7 +22,7 @@ from jupyter_gpusched.magics import _waiting_line, discover
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
 
-PNG_CELL = '''%%gpu
+PNG_CELL = """%%gpu
 import struct, zlib
 from IPython.display import HTML, Image, display
 def chunk(kind, data):
@@ -35,7 +35,7 @@ display(Image(data=png))
 display(HTML("<b>made on the node</b>"))
 handle = display(HTML("<i>step 0</i>"), display_id=True)
 handle.update(HTML("<i>step 1</i>"))
-6 * 7'''
+6 * 7"""
 
 CELLS = {
     "load": "%load_ext jupyter_gpusched",
@@ -81,19 +81,28 @@ CELLS = {
 
 
 def _run(live_server: Any, tmp_path: Path) -> dict[str, Any]:
-    (tmp_path / "job.py").write_text(textwrap.dedent("""
+    (tmp_path / "job.py").write_text(
+        textwrap.dedent("""
         import os, sys
         print('job args', sys.argv[1:], 'cwd', os.getcwd(), flush=True)
-    """))
+    """)
+    )
     params = notebook("lr = 1.0\ntag = 'x'", "print('lr', lr, type(lr).__name__, tag)")
     params.cells[0].metadata["tags"] = ["parameters"]
-    params.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
+    params.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(params, tmp_path / "params.ipynb")
     nb = notebook(*CELLS.values())
     # the spinning cell is interrupted after its time is up, as Ctrl-C would
-    execute(nb, live_server, tmp_path,
-            timeout_func=lambda cell: 3 if "while True" in cell.source else 120)
+    execute(
+        nb,
+        live_server,
+        tmp_path,
+        timeout_func=lambda cell: 3 if "while True" in cell.source else 120,
+    )
     return dict(zip(CELLS, nb.cells, strict=True))
 
 
@@ -111,8 +120,12 @@ def cells(live_server: Any, notebook_dir: Path) -> dict[str, Any]:
 def leases(cells: dict[str, Any], live_server: Any, notebook_dir: Path) -> list[dict[str, Any]]:
     """This notebook's default leases, oldest first: the first one, and its replacement."""
     jobs = api(live_server, "GET", "jobs?kind=lease&limit=200")["jobs"]
-    found = [j for j in jobs if j["spec"]["env"].get("GPUSCHED_KERNEL_CWD") == str(notebook_dir)
-             and j["spec"].get("lease_name", "").endswith(":default")]
+    found = [
+        j
+        for j in jobs
+        if j["spec"]["env"].get("GPUSCHED_KERNEL_CWD") == str(notebook_dir)
+        and j["spec"].get("lease_name", "").endswith(":default")
+    ]
     return sorted(found, key=lambda j: j["id"])
 
 
@@ -124,8 +137,12 @@ def lease(leases: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def waiter(cells: dict[str, Any], live_server: Any, notebook_dir: Path) -> dict[str, Any]:
     jobs = api(live_server, "GET", "jobs?kind=lease&limit=200")["jobs"]
-    (found,) = [j for j in jobs if j["spec"]["env"].get("GPUSCHED_KERNEL_CWD") == str(notebook_dir)
-                and j["spec"].get("lease_name", "").endswith(":waiter")]
+    (found,) = [
+        j
+        for j in jobs
+        if j["spec"]["env"].get("GPUSCHED_KERNEL_CWD") == str(notebook_dir)
+        and j["spec"].get("lease_name", "").endswith(":waiter")
+    ]
     return found
 
 
@@ -149,8 +166,10 @@ def test_the_first_cell_says_where_the_lease_runs(
     cells: dict[str, Any], lease: dict[str, Any]
 ) -> None:
     shown = [o["data"]["text/plain"] for o in outputs(cells["remote"], "display_data")]
-    assert shown == [f"%%gpu: lease {lease['id']} running on {lease['placement']['node']} "
-                     f"GPU {lease['placement']['gpu_indices'][0]}"]
+    assert shown == [
+        f"%%gpu: lease {lease['id']} running on {lease['placement']['node']} "
+        f"GPU {lease['placement']['gpu_indices'][0]}"
+    ]
 
 
 def test_a_variable_set_in_one_gpu_cell_is_read_in_the_next(cells: dict[str, Any]) -> None:
@@ -177,9 +196,7 @@ def test_an_exception_shows_the_remote_traceback_only(cells: dict[str, Any]) -> 
     assert "magics.py" not in trace and "run_cell_magic" not in trace
 
 
-def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(
-    cells: dict[str, Any]
-) -> None:
+def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(cells: dict[str, Any]) -> None:
     assert "spinning" in text(cells["interrupt"])
     (error,) = outputs(cells["interrupt"], "error")
     assert error["ename"] == "KeyboardInterrupt"
@@ -190,8 +207,11 @@ def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(
     ("key", "line"),
     [
         ("bad_arg", "%gpu: argument --gpus: 'many' is not a whole number (see %%gpu --help)"),
-        ("bad_command", "%gpu: unknown command 'frobnicate'; use one of release, status, "
-                        "queue, submit, submit-notebook, cancel, logs, leases, config"),
+        (
+            "bad_command",
+            "%gpu: unknown command 'frobnicate'; use one of release, status, "
+            "queue, submit, submit-notebook, cancel, logs, leases, config",
+        ),
     ],
 )
 def test_argument_errors_are_one_line(cells: dict[str, Any], key: str, line: str) -> None:
@@ -271,8 +291,13 @@ def test_a_waiting_lease_shows_one_line_updated_until_it_runs(
 
 
 def test_the_waiting_line_says_position_reason_and_window() -> None:
-    job = {"id": 9, "state": "queued", "position": 2, "spec": {"gpus": 2},
-           "reason": "waiting: no room (no node has 2 free GPUs)"}
+    job = {
+        "id": 9,
+        "state": "queued",
+        "position": 2,
+        "spec": {"gpus": 2},
+        "reason": "waiting: no room (no node has 2 free GPUs)",
+    }
     window = {"name": "day", "until": "2026-11-23T20:00:00+00:00"}
     assert _waiting_line(job, window) == (
         "%%gpu: waiting for lease 9 (2 GPU) | #2 in the queue | waiting: no room (no node "
@@ -281,7 +306,9 @@ def test_the_waiting_line_says_position_reason_and_window() -> None:
 
 
 def test_release_frees_the_gpus(
-    cells: dict[str, Any], leases: list[dict[str, Any]], waiter: dict[str, Any],
+    cells: dict[str, Any],
+    leases: list[dict[str, Any]],
+    waiter: dict[str, Any],
     live_server: Any,
 ) -> None:
     held = [leases[-1], waiter]
@@ -319,19 +346,31 @@ def shell() -> Any:
 @pytest.mark.parametrize(
     ("cell", "line"),
     [
-        ("%%gpu --gpus -3\nprint(1)", "%gpu: argument --gpus: must be 0 or more, got -3 "
-                                      "(see %%gpu --help)"),
-        ("%%gpu --mem lots\nprint(1)", "%gpu: argument --mem: 'lots' is not a size; write it "
-                                       "like 16G, 512M or 24 (see %%gpu --help)"),
-        ("%%gpu --max-runtime soon\nprint(1)", "%gpu: argument --max-runtime: 'soon' is not a "
-                                               "duration; write it like 90s, 15m, 2h or 1h30m "
-                                               "(see %%gpu --help)"),
-        ("%%gpu --lease\nprint(1)", "%gpu: argument --lease: expected one argument "
-                                    "(see %%gpu --help)"),
+        (
+            "%%gpu --gpus -3\nprint(1)",
+            "%gpu: argument --gpus: must be 0 or more, got -3 (see %%gpu --help)",
+        ),
+        (
+            "%%gpu --mem lots\nprint(1)",
+            "%gpu: argument --mem: 'lots' is not a size; write it "
+            "like 16G, 512M or 24 (see %%gpu --help)",
+        ),
+        (
+            "%%gpu --max-runtime soon\nprint(1)",
+            "%gpu: argument --max-runtime: 'soon' is not a "
+            "duration; write it like 90s, 15m, 2h or 1h30m "
+            "(see %%gpu --help)",
+        ),
+        (
+            "%%gpu --lease\nprint(1)",
+            "%gpu: argument --lease: expected one argument (see %%gpu --help)",
+        ),
         ("%gpu submit", "%gpu: give the script to run, e.g. %gpu submit train.py --gpus 1"),
         ("%gpu submit missing.py", "%gpu: no file 'missing.py' in {cwd}"),
-        ("%gpu cancel one", "%gpu: argument ID: 'one' is not a whole number "
-                            "(see %gpu cancel --help)"),
+        (
+            "%gpu cancel one",
+            "%gpu: argument ID: 'one' is not a whole number (see %gpu cancel --help)",
+        ),
         ("%gpu logs 'unclosed", "%gpu: cannot read the arguments: No closing quotation"),
     ],
 )
@@ -351,8 +390,10 @@ def test_importing_the_server_extension_does_not_import_ipython() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, jupyter_gpusched, jupyter_gpusched.extension, "
-            "jupyter_gpusched.handlers, jupyter_gpusched.scheduler; "
-            "print('IPython' in sys.modules)")
+    code = (
+        "import sys, jupyter_gpusched, jupyter_gpusched.extension, "
+        "jupyter_gpusched.handlers, jupyter_gpusched.scheduler; "
+        "print('IPython' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

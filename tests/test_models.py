@@ -19,8 +19,9 @@ from jupyter_gpusched.models import (
 
 
 def test_script_spec_from_api_json() -> None:
-    spec = parse_spec({"kind": "script", "command": ["python", "train.py"], "gpus": 2,
-                       "gpu_mem_gb": 16})
+    spec = parse_spec(
+        {"kind": "script", "command": ["python", "train.py"], "gpus": 2, "gpu_mem_gb": 16}
+    )
     assert spec.kind is JobKind.SCRIPT
     assert spec.gpus == 2 and spec.gpu_mem_gb == 16
     assert spec.priority_class is PriorityClass.BATCH
@@ -78,14 +79,17 @@ def test_terminal_states_and_requeue_paths() -> None:
     assert JobState.QUEUED in TRANSITIONS[JobState.LOST]
 
 
-@pytest.mark.parametrize(("text", "gb"), [("16G", 16), ("16GB", 16), ("512M", 0.5),
-                                           ("1T", 1024), ("24", 24), (8, 8)])
+@pytest.mark.parametrize(
+    ("text", "gb"), [("16G", 16), ("16GB", 16), ("512M", 0.5), ("1T", 1024), ("24", 24), (8, 8)]
+)
 def test_sizes(text: str, gb: float) -> None:
     assert parse_size_gb(text) == gb
 
 
-@pytest.mark.parametrize(("text", "s"), [("90s", 90), ("15m", 900), ("2h", 7200),
-                                          ("1h30m", 5400), ("1d", 86400), ("45", 45)])
+@pytest.mark.parametrize(
+    ("text", "s"),
+    [("90s", 90), ("15m", 900), ("2h", 7200), ("1h30m", 5400), ("1d", 86400), ("45", 45)],
+)
 def test_durations(text: str, s: float) -> None:
     assert parse_duration_s(text) == s
 

@@ -15,8 +15,13 @@ from jupyter_gpusched.nbrun import first_line, parse_progress, progress_line
 
 
 def nbrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "jupyter_gpusched.nbrun", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpusched.nbrun", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def progress_of(log: str) -> list[dict]:
@@ -25,8 +30,14 @@ def progress_of(log: str) -> list[dict]:
 
 def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: Path) -> None:
     write_notebook(tmp_path / "plain.ipynb", ["print(repr(greeting), repr(times))"])
-    proc = nbrun("plain.ipynb", "--output", "out.ipynb", "--parameters",
-                 json.dumps({"greeting": "hé", "times": 2}), cwd=tmp_path)
+    proc = nbrun(
+        "plain.ipynb",
+        "--output",
+        "out.ipynb",
+        "--parameters",
+        json.dumps({"greeting": "hé", "times": 2}),
+        cwd=tmp_path,
+    )
     log, _ = proc.communicate(timeout=120)
 
     assert proc.returncode == 0, log
@@ -83,8 +94,9 @@ def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
 def test_the_fallback_input_is_used_when_no_copy_was_staged(tmp_path: Path) -> None:
     shared = write_notebook(tmp_path / "shared" / "nb.ipynb", ["print('from shared')"])
     (tmp_path / "job").mkdir()
-    proc = nbrun("nb.ipynb", "--output", "out.ipynb", "--fallback-input", str(shared),
-                 cwd=tmp_path / "job")
+    proc = nbrun(
+        "nb.ipynb", "--output", "out.ipynb", "--fallback-input", str(shared), cwd=tmp_path / "job"
+    )
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, log
     assert outputs_text(read_notebook(tmp_path / "job" / "out.ipynb").cells[1]) == "from shared\n"

@@ -37,8 +37,15 @@ TYPES_CELL = (
     "items=items, cfg=cfg, nothing=nothing).items()})"
 )
 DEFAULTS = "n = 0\nlr = 0.0\nname = ''\nflag = False\nitems = []\ncfg = {}\nnothing = 1"
-PARAMS = {"n": 3, "lr": 0.25, "name": "it's \"quoted\"", "flag": True, "items": [1, "two", 3.5],
-          "cfg": {"depth": 2, "tags": ["a"]}, "nothing": None}
+PARAMS = {
+    "n": 3,
+    "lr": 0.25,
+    "name": 'it\'s "quoted"',
+    "flag": True,
+    "items": [1, "two", 3.5],
+    "cfg": {"depth": 2, "tags": ["a"]},
+    "nothing": None,
+}
 
 
 def output_path(h: NbHarness, job: Job) -> Path:
@@ -49,9 +56,11 @@ def output_path(h: NbHarness, job: Job) -> Path:
 async def test_parameters_arrive_typed_and_the_executed_notebook_comes_back_beside_the_input(
     nb_harness: NbHarness,
 ) -> None:
-    write_notebook(nb_harness.root / "exp" / "train.ipynb",
-                   [TYPES_CELL, "import os\nprint('gpus', os.environ['CUDA_VISIBLE_DEVICES'])"],
-                   parameters=DEFAULTS)
+    write_notebook(
+        nb_harness.root / "exp" / "train.ipynb",
+        [TYPES_CELL, "import os\nprint('gpus', os.environ['CUDA_VISIBLE_DEVICES'])"],
+        parameters=DEFAULTS,
+    )
     job = nb_harness.submit(notebook="exp/train.ipynb", parameters=PARAMS, gpus=2)
     (done,) = await nb_harness.settle(job.id)
 
@@ -82,8 +91,7 @@ async def test_progress_events_report_each_cell_in_order_with_its_source_line(
     progress = nb_harness.events(job.id, "progress")
     assert progress_cells(progress) == [1, 2, 3, 4]
     assert [p["of"] for p in progress] == [4] * 4
-    assert [p["source"] for p in progress] == ["a = 1", "b = a + 1", "import time",
-                                               "print(a + b)"]
+    assert [p["source"] for p in progress] == ["a = 1", "b = a + 1", "import time", "print(a + b)"]
     ids = [e.id for e in nb_harness.store.list_events(job_id=job.id) if e.kind == "progress"]
     assert ids == sorted(ids)
     log = (nb_harness.root / nb_harness.job(job.id).spec.labels["output_log"]).read_text()
@@ -110,8 +118,10 @@ async def test_two_servers_following_one_log_store_each_progress_line_once(
 async def test_a_failing_notebook_comes_back_with_the_failing_cell_and_its_traceback(
     nb_harness: NbHarness,
 ) -> None:
-    write_notebook(nb_harness.root / "bad.ipynb",
-                   ["x = 1", "def boom():\n    return 1 / 0\nboom()", "print('never ran')"])
+    write_notebook(
+        nb_harness.root / "bad.ipynb",
+        ["x = 1", "def boom():\n    return 1 / 0\nboom()", "print('never ran')"],
+    )
     write_notebook(nb_harness.root / "slow.ipynb", ["import time\ntime.sleep(60)"])
     bad = nb_harness.submit(notebook="bad.ipynb")
     slow = nb_harness.submit(notebook="slow.ipynb", cell_timeout_s=2)
@@ -137,11 +147,14 @@ async def test_a_failing_notebook_comes_back_with_the_failing_cell_and_its_trace
 async def test_a_cancelled_notebook_comes_back_with_the_cells_that_ran(
     nb_harness: NbHarness,
 ) -> None:
-    write_notebook(nb_harness.root / "long.ipynb",
-                   ["print('first done')", "import time\ntime.sleep(120)", "print('never')"])
+    write_notebook(
+        nb_harness.root / "long.ipynb",
+        ["print('first done')", "import time\ntime.sleep(120)", "print('never')"],
+    )
     job = nb_harness.submit(notebook="long.ipynb")
-    await nb_harness.until(lambda: progress_cells(nb_harness.events(job.id, "progress"))[-1:]
-                           == [2])
+    await nb_harness.until(
+        lambda: progress_cells(nb_harness.events(job.id, "progress"))[-1:] == [2]
+    )
     await nb_harness.sched.cancel(job.id, user="alice")
     (done,) = await nb_harness.settle(job.id)
 
@@ -176,13 +189,11 @@ async def test_a_failed_notebook_is_retried_after_its_backoff(nb_harness: NbHarn
 
 def test_tonight_is_the_next_window_without_a_batch_time_limit() -> None:
     config = windows.PolicyConfig()  # day Mon-Fri 08-20 limits batch to 4 h; night does not
-    assert next_batch_window(config, MONDAY_9AM) == datetime(2026, 11, 23, 20, 0,
-                                                             tzinfo=UTC)
+    assert next_batch_window(config, MONDAY_9AM) == datetime(2026, 11, 23, 20, 0, tzinfo=UTC)
     saturday = datetime(2026, 11, 28, 11, 0, tzinfo=UTC)
     assert next_batch_window(config, saturday) == saturday
     berlin = windows.PolicyConfig(timezone="Europe/Berlin")
-    assert next_batch_window(berlin, MONDAY_9AM) == datetime(2026, 11, 23, 19, 0,
-                                                             tzinfo=UTC)
+    assert next_batch_window(berlin, MONDAY_9AM) == datetime(2026, 11, 23, 19, 0, tzinfo=UTC)
 
 
 def test_at_reads_now_tonight_window_names_iso_times_and_cron() -> None:
@@ -191,10 +202,11 @@ def test_at_reads_now_tonight_window_names_iso_times_and_cron() -> None:
     assert resolve_at("now", config, MONDAY_9AM) == (None, None)
     assert resolve_at("tonight", config, MONDAY_9AM) == (evening, None)
     assert resolve_at("night", config, MONDAY_9AM) == (evening, None)
-    assert resolve_at("day", config, evening) == (
-        datetime(2026, 11, 24, 7, 0, tzinfo=UTC), None)
+    assert resolve_at("day", config, evening) == (datetime(2026, 11, 24, 7, 0, tzinfo=UTC), None)
     assert resolve_at("2026-11-24T03:00", config, MONDAY_9AM) == (
-        datetime(2026, 11, 24, 2, 0, tzinfo=UTC), None)
+        datetime(2026, 11, 24, 2, 0, tzinfo=UTC),
+        None,
+    )
     assert resolve_at("2026-11-01T00:00+00:00", config, MONDAY_9AM) == (None, None)  # past
     assert resolve_at("0 2 * * *", config, MONDAY_9AM) == (None, "0 2 * * *")
     for bad in ("soonish", "61 * * * *"):
@@ -218,12 +230,16 @@ def test_submissions_refuse_paths_outside_the_root_and_bad_parameter_names(
     config = windows.PolicyConfig()
 
     def submit(**body: object):  # type: ignore[no-untyped-def]
-        return build_submission(parse_request(body), user="bob", root_dir=str(root),
-                                config=config, now=MONDAY_9AM)
+        return build_submission(
+            parse_request(body), user="bob", root_dir=str(root), config=config, now=MONDAY_9AM
+        )
 
     sub = submit(notebook=str(root / "ok.ipynb"), at="tonight", gpus=2)
     assert (sub.spec.notebook, sub.spec.files, sub.spec.user) == (
-        "ok.ipynb", [str(root / "ok.ipynb")], "bob")
+        "ok.ipynb",
+        [str(root / "ok.ipynb")],
+        "bob",
+    )
     assert sub.spec.not_before == datetime(2026, 11, 23, 20, 0, tzinfo=UTC)
     with pytest.raises(InvalidSpecError, match="outside"):
         submit(notebook="../outside.ipynb")
@@ -242,22 +258,45 @@ def test_submissions_refuse_paths_outside_the_root_and_bad_parameter_names(
 
 
 def test_the_command_runs_nbrun_on_the_staged_copy_with_json_parameters() -> None:
-    spec = parse_spec({"kind": "notebook", "notebook": "exp/a b.ipynb",
-                       "files": ["/srv/root/exp/a b.ipynb"], "parameters": {"lr": 0.1},
-                       "kernel_name": "python3", "labels": {"notebook_cell_timeout_s": "30"}})
+    spec = parse_spec(
+        {
+            "kind": "notebook",
+            "notebook": "exp/a b.ipynb",
+            "files": ["/srv/root/exp/a b.ipynb"],
+            "parameters": {"lr": 0.1},
+            "kernel_name": "python3",
+            "labels": {"notebook_cell_timeout_s": "30"},
+        }
+    )
     job = Job(id=7, spec=spec, submitted_at=MONDAY_9AM, handle={"limit_s": 3600.0})
     assert notebook_command(job, python="/opt/py/bin/python") == [
-        "/opt/py/bin/python", "-m", "jupyter_gpusched.nbrun", "a b.ipynb",
-        "--output", "a b.gpusched-out.ipynb", "--fallback-input", "/srv/root/exp/a b.ipynb",
-        "--parameters", '{"lr": 0.1}', "--kernel", "python3", "--cell-timeout-s", "30",
-        "--job-timeout-s", "3595",
+        "/opt/py/bin/python",
+        "-m",
+        "jupyter_gpusched.nbrun",
+        "a b.ipynb",
+        "--output",
+        "a b.gpusched-out.ipynb",
+        "--fallback-input",
+        "/srv/root/exp/a b.ipynb",
+        "--parameters",
+        '{"lr": 0.1}',
+        "--kernel",
+        "python3",
+        "--cell-timeout-s",
+        "30",
+        "--job-timeout-s",
+        "3595",
     ]
 
 
 def test_windows_named_like_words_are_resolved_by_name() -> None:
-    config = windows.PolicyConfig(windows=(
-        windows.Window("lunch", start=time(12, 0), end=time(13, 0)),
-        windows.Window("rest"),
-    ))
+    config = windows.PolicyConfig(
+        windows=(
+            windows.Window("lunch", start=time(12, 0), end=time(13, 0)),
+            windows.Window("rest"),
+        )
+    )
     assert resolve_at("lunch", config, MONDAY_9AM) == (
-        datetime(2026, 11, 23, 12, 0, tzinfo=UTC), None)
+        datetime(2026, 11, 23, 12, 0, tzinfo=UTC),
+        None,
+    )

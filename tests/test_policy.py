@@ -342,8 +342,9 @@ def test_policy_cli_bad_time_prints_one_line_and_exits_2(
 # ------------------------------------------------------------------ moving batch jobs
 
 
-def _on(job_id: int, node: str, gpus: float, ran_h: float, checkpoint_h: float | None = None
-        ) -> PreemptCandidate:
+def _on(
+    job_id: int, node: str, gpus: float, ran_h: float, checkpoint_h: float | None = None
+) -> PreemptCandidate:
     """A candidate on ``node`` that started ``ran_h`` ago and checkpointed ``checkpoint_h`` ago."""
     mark = None if checkpoint_h is None else T0 - timedelta(hours=checkpoint_h)
     return PreemptCandidate(job_id, gpus, T0 - timedelta(hours=ran_h), mark, node)
@@ -357,8 +358,15 @@ def test_migration_moves_the_cheapest_jobs_off_the_best_node() -> None:
         plan_calls.append((node, ids))
         return True
 
-    move = choose_migration(8, {"a": 4, "b": 2}, running, T0, T0 + timedelta(hours=2), plan,
-                            window=Window("night", migrate_batch=True))
+    move = choose_migration(
+        8,
+        {"a": 4, "b": 2},
+        running,
+        T0,
+        T0 + timedelta(hours=2),
+        plan,
+        window=Window("night", migrate_batch=True),
+    )
     # a needs 4 more GPUs: both of its jobs (0.6 h of 2 GPUs lost); b would lose 6 GPU-h
     assert move == Migration("a", (1, 2), pytest.approx(2 * 0.6 * 3600))
     assert plan_calls == [("a", frozenset({1, 2}))]

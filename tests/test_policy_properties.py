@@ -153,13 +153,19 @@ def test_allowed_backfill_never_delays_the_head(
 @given(
     running_on_nodes,
     st.integers(1, 8),
-    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 900), st.sampled_from("abc")),
-             min_size=1, max_size=4),
+    st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 900), st.sampled_from("abc")),
+        min_size=1,
+        max_size=4,
+    ),
 )
 # Node a frees 4 of its 8 GPUs at 2 h for a 6-GPU head (2 spare): one long 2-GPU job may take
 # the spare, a second may not.
-@example([("a", 4, 120), ("b", 4, 600), ("b", 4, 600), ("c", 4, 600), ("c", 4, 600)], 6,
-         [(2, 900, "a"), (2, 900, "a")])
+@example(
+    [("a", 4, 120), ("b", 4, 600), ("b", 4, 600), ("c", 4, 600), ("c", 4, 600)],
+    6,
+    [(2, 900, "a"), (2, 900, "a")],
+)
 def test_a_run_of_allowed_backfills_never_delays_the_head(
     running: list[tuple[str, int, int]], head_gpus: int, cands: list[tuple[int, int, str]]
 ) -> None:

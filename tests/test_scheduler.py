@@ -39,8 +39,14 @@ async def sim(tmp_path: Path) -> AsyncIterator[SimCluster]:
 class Harness:
     """A scheduler on a temp store and the sim cluster, driven tick by tick."""
 
-    def __init__(self, sim: SimCluster, db: Path, clock: ManualClock,
-                 config: windows.PolicyConfig, **kwargs: object) -> None:
+    def __init__(
+        self,
+        sim: SimCluster,
+        db: Path,
+        clock: ManualClock,
+        config: windows.PolicyConfig,
+        **kwargs: object,
+    ) -> None:
         self.sim = sim
         self.db = db
         self.clock = clock
@@ -50,11 +56,23 @@ class Harness:
 
     def _make(self) -> Scheduler:
         store = Store(f"sqlite:///{self.db}", clock=self.clock)
-        backend = SshBackend(self.sim.node_configs(), clock=SystemClock(),
-                             down_after_failures=2, backoff_base_s=0.05, backoff_max_s=0.2)
-        return Scheduler(store=store, backend=backend, policy=self.config, clock=self.clock,
-                         poll_interval_s=0, inventory_interval_s=0, cancel_grace_s=2,
-                         **self.kwargs)  # type: ignore[arg-type]
+        backend = SshBackend(
+            self.sim.node_configs(),
+            clock=SystemClock(),
+            down_after_failures=2,
+            backoff_base_s=0.05,
+            backoff_max_s=0.2,
+        )
+        return Scheduler(
+            store=store,
+            backend=backend,
+            policy=self.config,
+            clock=self.clock,
+            poll_interval_s=0,
+            inventory_interval_s=0,
+            cancel_grace_s=2,
+            **self.kwargs,
+        )  # type: ignore[arg-type]
 
     async def restart(self) -> None:
         await self.sched.stop()
@@ -82,10 +100,12 @@ class Harness:
     async def settle(self, *ids: int, state: JobState | None = None) -> None:
         def done() -> bool:
             return all(
-                self.job(i).state is state if state else self.job(i).state in
-                (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+                self.job(i).state is state
+                if state
+                else self.job(i).state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
                 for i in ids
             )
+
         await self.until(done)
 
 
@@ -106,8 +126,9 @@ def py(code: str) -> list[str]:
 
 @pytest.mark.asyncio
 async def test_scripts_run_on_gpus_and_report_exit_codes(harness: Harness) -> None:
-    ok = harness.submit(command=py("import os; print('on', os.environ['CUDA_VISIBLE_DEVICES'])"),
-                        gpus=2)
+    ok = harness.submit(
+        command=py("import os; print('on', os.environ['CUDA_VISIBLE_DEVICES'])"), gpus=2
+    )
     big = harness.submit(command=py("print('eight')"), gpus=8)
     bad = harness.submit(command=py("import sys; print('boom'); sys.exit(3)"), gpus=1)
     await harness.settle(ok.id, big.id, bad.id)
@@ -128,11 +149,16 @@ async def test_scripts_run_on_gpus_and_report_exit_codes(harness: Harness) -> No
 async def test_every_state_change_is_in_the_audit_log(harness: Harness) -> None:
     job = harness.submit(command=py("pass"), gpus=1)
     await harness.settle(job.id)
-    moves = [(e.from_state, e.to_state) for e in harness.sched.store.list_events(job_id=job.id)
-             if e.to_state is not None]
-    assert moves[-3:] == [(JobState.QUEUED, JobState.STARTING),
-                          (JobState.STARTING, JobState.RUNNING),
-                          (JobState.RUNNING, JobState.SUCCEEDED)]
+    moves = [
+        (e.from_state, e.to_state)
+        for e in harness.sched.store.list_events(job_id=job.id)
+        if e.to_state is not None
+    ]
+    assert moves[-3:] == [
+        (JobState.QUEUED, JobState.STARTING),
+        (JobState.STARTING, JobState.RUNNING),
+        (JobState.RUNNING, JobState.SUCCEEDED),
+    ]
 
 
 @pytest.mark.asyncio
@@ -161,11 +187,9 @@ async def test_request_that_can_never_fit_is_refused_with_what_would(harness: Ha
 @pytest.mark.asyncio
 async def test_day_window_holds_batch_back_from_the_interactive_reserve(harness: Harness) -> None:
     # 22 GPUs; the day window keeps 25 % (5.5 GPUs) for interactive work.
-    sleepers = [harness.submit(command=py("import time; time.sleep(60)"), gpus=8)
-                for _ in range(2)]
+    sleepers = [harness.submit(command=py("import time; time.sleep(60)"), gpus=8) for _ in range(2)]
     extra = harness.submit(command=py("pass"), gpus=2)
-    await harness.until(lambda: all(harness.job(j.id).state is JobState.RUNNING
-                                    for j in sleepers))
+    await harness.until(lambda: all(harness.job(j.id).state is JobState.RUNNING for j in sleepers))
     await harness.sched.tick()
     held = harness.job(extra.id)
     assert held.state is JobState.QUEUED
@@ -218,8 +242,7 @@ async def test_foreign_gpu_use_is_avoided(harness: Harness) -> None:
 
 @pytest.mark.asyncio
 async def test_restart_reattaches_running_jobs_and_keeps_queued_ones(harness: Harness) -> None:
-    runner = harness.submit(command=py("import time; time.sleep(5); raise SystemExit(7)"),
-                            gpus=1)
+    runner = harness.submit(command=py("import time; time.sleep(5); raise SystemExit(7)"), gpus=1)
     await harness.settle(runner.id, state=JobState.RUNNING)
     queued = harness.submit(command=py("pass"), gpus=1, not_before="2030-01-01T00:00:00+00:00")
     await harness.restart()
@@ -228,8 +251,11 @@ async def test_restart_reattaches_running_jobs_and_keeps_queued_ones(harness: Ha
     await harness.settle(runner.id)
     again = harness.job(runner.id)
     assert again.state is JobState.FAILED and again.exit_code == 7
-    started = [e for e in harness.sched.store.list_events(job_id=runner.id)
-               if e.to_state is JobState.STARTING]
+    started = [
+        e
+        for e in harness.sched.store.list_events(job_id=runner.id)
+        if e.to_state is JobState.STARTING
+    ]
     assert len(started) == 1  # never started twice
 
 
@@ -248,23 +274,31 @@ async def test_batch_runtime_limit_of_the_day_window_stops_a_job(harness: Harnes
 async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
     sim: SimCluster, tmp_path: Path
 ) -> None:
-    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(MONDAY_9AM), windows.PolicyConfig(
-        windows=(windows.Window(name="day", preempt_batch=True),)),
-        commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")})
+    h = Harness(
+        sim,
+        tmp_path / "db.sqlite",
+        ManualClock(MONDAY_9AM),
+        windows.PolicyConfig(windows=(windows.Window(name="day", preempt_batch=True),)),
+        commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")},
+    )
     await h.sched.start()
     try:
-        batch = [h.submit(command=py("import time; time.sleep(120)"), gpus=8, gpu_models=["A100"])
-                 for _ in range(2)]
+        batch = [
+            h.submit(command=py("import time; time.sleep(120)"), gpus=8, gpu_models=["A100"])
+            for _ in range(2)
+        ]
         await h.until(lambda: all(h.job(j.id).state is JobState.RUNNING for j in batch))
-        lease = h.sched.submit(parse_spec({"kind": "lease", "gpus": 2, "gpu_models": ["A100"]},
-                                          user="bob"))
+        lease = h.sched.submit(
+            parse_spec({"kind": "lease", "gpus": 2, "gpu_models": ["A100"]}, user="bob")
+        )
         await h.settle(lease.id, state=JobState.RUNNING)
         states = sorted(h.job(j.id).state.value for j in batch)
         assert states == ["queued", "running"]
         requeued = next(h.job(j.id) for j in batch if h.job(j.id).state is JobState.QUEUED)
         assert requeued.attempt == 1
-        assert JobState.PREEMPTED in [e.to_state for e in h.sched.store.list_events(
-            job_id=requeued.id)]
+        assert JobState.PREEMPTED in [
+            e.to_state for e in h.sched.store.list_events(job_id=requeued.id)
+        ]
     finally:
         await h.sched.stop()
         h.sched.store.close()
@@ -272,13 +306,16 @@ async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
 
 @pytest.mark.asyncio
 async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_path: Path) -> None:
-    nodes = (SimNodeSpec("big-a", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
-             SimNodeSpec("big-b", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
-             SimNodeSpec("small", "A100-80GB", 80, 2, cpus=8, mem_gb=64))
+    nodes = (
+        SimNodeSpec("big-a", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
+        SimNodeSpec("big-b", "A100-80GB", 80, 8, cpus=32, mem_gb=256),
+        SimNodeSpec("small", "A100-80GB", 80, 2, cpus=8, mem_gb=64),
+    )
     cluster = SimCluster(nodes=nodes, base_dir=tmp_path / "sim")
     await cluster.start()
-    h = Harness(cluster, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT),
-                windows.PolicyConfig())
+    h = Harness(
+        cluster, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT), windows.PolicyConfig()
+    )
     await h.sched.start()
     sleep = {"command": py("import time; time.sleep(120)"), "max_runtime_s": 7200}
     try:
@@ -300,8 +337,10 @@ async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_pa
         assert h.job(whole.id).placement.node not in ("small", h.job(wide.id).placement.node)  # type: ignore[union-attr]
         assert h.job(small.id).attempt == 1
         events = h.sched.store.list_events(job_id=small.id)
-        assert any(e.to_state is JobState.PREEMPTED and f"make room for job {whole.id}"
-                   in str(e.detail) for e in events)
+        assert any(
+            e.to_state is JobState.PREEMPTED and f"make room for job {whole.id}" in str(e.detail)
+            for e in events
+        )
     finally:
         await h.sched.stop()
         h.sched.store.close()
@@ -312,8 +351,13 @@ async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_pa
 async def test_idle_lease_is_reclaimed_after_the_window_timeout(
     sim: SimCluster, tmp_path: Path
 ) -> None:
-    h = Harness(sim, tmp_path / "db.sqlite", ManualClock(SATURDAY_NIGHT), windows.PolicyConfig(),
-                commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")})
+    h = Harness(
+        sim,
+        tmp_path / "db.sqlite",
+        ManualClock(SATURDAY_NIGHT),
+        windows.PolicyConfig(),
+        commands={JobKind.LEASE: lambda job: py("import time; time.sleep(120)")},
+    )
     await h.sched.start()
     try:
         lease = h.sched.submit(parse_spec({"kind": "lease", "gpus": 1}, user="bob"))
@@ -335,8 +379,9 @@ async def test_idle_lease_is_reclaimed_after_the_window_timeout(
 async def test_dropped_node_requeues_per_retry_setting_and_is_reconciled(
     harness: Harness,
 ) -> None:
-    retry = harness.submit(command=py("import time; time.sleep(120)"), gpus=2,
-                           gpu_models=["T4"], retries=1)
+    retry = harness.submit(
+        command=py("import time; time.sleep(120)"), gpus=2, gpu_models=["T4"], retries=1
+    )
     await harness.settle(retry.id, state=JobState.RUNNING)
     old_pid = harness.job(retry.id).handle["pid"]
     await harness.sim.stop_node("t4-0")
@@ -357,8 +402,9 @@ async def test_dropped_node_requeues_per_retry_setting_and_is_reconciled(
 async def test_job_without_retries_becomes_lost_then_reconciled_when_node_returns(
     harness: Harness,
 ) -> None:
-    job = harness.submit(command=py("import time; time.sleep(1); print('done')"), gpus=1,
-                         gpu_models=["T4"])
+    job = harness.submit(
+        command=py("import time; time.sleep(1); print('done')"), gpus=1, gpu_models=["T4"]
+    )
     await harness.settle(job.id, state=JobState.RUNNING)
     await harness.sim.stop_node("t4-0")
     await harness.settle(job.id, state=JobState.LOST)

@@ -34,8 +34,10 @@ UUIDS = [g["uuid"] for g in gpu_state(4)["gpus"]]
 async def server(tmp_path: Path) -> AsyncIterator[InProcessSshServer]:
     state = tmp_path / "gpus.json"
     state.write_text(json.dumps(gpu_state(4)))
-    srv = InProcessSshServer(tmp_path, env={"GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim",
-                                            "GPUSCHED_SIM_STATE": str(state)})
+    srv = InProcessSshServer(
+        tmp_path,
+        env={"GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim", "GPUSCHED_SIM_STATE": str(state)},
+    )
     await srv.start()
     yield srv
     kill_marked(srv.token)
@@ -50,8 +52,9 @@ async def backend(server: InProcessSshServer, clock: ManualClock) -> AsyncIterat
 
 
 def on(gpus: list[int], uuids: list[str] | None = None, node: str = "n0") -> Placement:
-    return Placement(node=node, gpu_indices=gpus,
-                     gpu_uuids=[UUIDS[i] for i in gpus] if uuids is None else uuids)
+    return Placement(
+        node=node, gpu_indices=gpus, gpu_uuids=[UUIDS[i] for i in gpus] if uuids is None else uuids
+    )
 
 
 async def started(backend: SshBackend, job: Job, placement: Placement) -> Job:
@@ -81,8 +84,9 @@ async def test_inventory_falls_back_to_nvidia_smi(tmp_path: Path, clock: ManualC
     state = tmp_path / "gpus.json"
     state.write_text(json.dumps(gpu_state(2)))
     bindir = fake_gpu_bin(tmp_path)
-    srv = InProcessSshServer(tmp_path, env={"FAKE_NVIDIA_SMI_STATE": str(state),
-                                            "PATH": f"{bindir}:/usr/bin:/bin"})
+    srv = InProcessSshServer(
+        tmp_path, env={"FAKE_NVIDIA_SMI_STATE": str(state), "PATH": f"{bindir}:/usr/bin:/bin"}
+    )
     await srv.start()
     backend = SshBackend([srv.node_config()], clock=clock)
     try:
@@ -91,7 +95,8 @@ async def test_inventory_falls_back_to_nvidia_smi(tmp_path: Path, clock: ManualC
         await backend.close()
         await srv.stop()
     assert [(g.index, g.uuid, g.model, g.mem_total_mb) for g in node.gpus] == [
-        (0, UUIDS[0], "A100-80GB", 81920), (1, UUIDS[1], "A100-80GB", 81920)
+        (0, UUIDS[0], "A100-80GB", 81920),
+        (1, UUIDS[1], "A100-80GB", 81920),
     ]
     assert [g.nvlink_peers for g in node.gpus] == [(1,), (0,)]
 
@@ -126,17 +131,27 @@ async def test_launch_stages_files_sets_gpus_and_env_and_keeps_argv_literal(
         "print(os.path.basename(os.getcwd()))\n"
         "sys.exit(4)\n"
     )
-    job = script_job(12, [sys.executable, "train.py", "a b", "$(id); rm -rf x"], clock,
-                     files=[str(script)], env={"LR": "0.1"})
+    job = script_job(
+        12,
+        [sys.executable, "train.py", "a b", "$(id); rm -rf x"],
+        clock,
+        files=[str(script)],
+        env={"LR": "0.1"},
+    )
     job = await started(backend, job, on([1, 2]))
     status = await ended(backend, job)
     log = (await backend.read_log(job)).decode().splitlines()
     assert status.exit_code == 4 and not status.lost and status.ended_at is not None
-    assert log == [f"{UUIDS[1]},{UUIDS[2]} 12 0.1", "['a b', '$(id); rm -rf x']",
-                   Path(job.handle["job_dir"]).name]
+    assert log == [
+        f"{UUIDS[1]},{UUIDS[2]} 12 0.1",
+        "['a b', '$(id); rm -rf x']",
+        Path(job.handle["job_dir"]).name,
+    ]
     assert set(job.handle) == {"node", "pid", "pgid", "start_time", "job_dir", "log"}
-    assert await backend.read_log(job, offset=len(UUIDS[1]) + 1, limit=len(UUIDS[2])) == \
-        UUIDS[2].encode()
+    assert (
+        await backend.read_log(job, offset=len(UUIDS[1]) + 1, limit=len(UUIDS[2]))
+        == UUIDS[2].encode()
+    )
 
 
 @pytest.mark.asyncio
@@ -157,8 +172,11 @@ async def test_gpus_are_named_by_index_when_no_uuid_is_known(
 async def test_follow_log_streams_until_the_job_ends(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(
-        3, ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"], clock), on([0]))
+    job = await started(
+        backend,
+        script_job(3, ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"], clock),
+        on([0]),
+    )
     chunks = [chunk async for chunk in backend.follow_log(job)]
     assert b"".join(chunks) == b"line 1\nline 2\nline 3\n"
     assert len(chunks) >= 2  # it streamed, not one read at the end
@@ -169,8 +187,9 @@ async def test_follow_log_streams_until_the_job_ends(
 async def test_cancel_terminates_the_whole_process_group(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(
-        4, ["sh", "-c", "sleep 60 & sleep 60 & wait"], clock), on([0]))
+    job = await started(
+        backend, script_job(4, ["sh", "-c", "sleep 60 & sleep 60 & wait"], clock), on([0])
+    )
     assert (await backend.poll(job)).running
     await backend.cancel(job, grace_s=5)
     status = await backend.poll(job)
@@ -246,8 +265,11 @@ async def test_a_dropped_node_is_lost_then_down_then_reconciled(
 
     first = await backend.poll(job)  # the connection is gone; reconnecting is refused
     during_backoff = await backend.poll(job)  # no new attempt until the backoff passes
-    assert first.lost and during_backoff.lost and "next connection attempt" in str(
-        during_backoff.detail)
+    assert (
+        first.lost
+        and during_backoff.lost
+        and "next connection attempt" in str(during_backoff.detail)
+    )
     assert not backend.node_down("n0")
     clock.advance(1)
     assert (await backend.poll(job)).lost
@@ -361,8 +383,11 @@ def followers_of(log_path: str) -> list[int]:
 async def test_a_follower_that_stops_reading_ends_on_the_node(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(
-        10, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock), on([0]))
+    job = await started(
+        backend,
+        script_job(10, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock),
+        on([0]),
+    )
     stream = backend.follow_log(job)
     first = await stream.__anext__()
     assert followers_of(job.handle["log"])
@@ -385,8 +410,11 @@ def test_node_config_rejects_an_unknown_staging_mode() -> None:
 async def test_a_follow_cut_by_a_dropped_connection_raises_instead_of_ending_quietly(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(
-        11, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock), on([0]))
+    job = await started(
+        backend,
+        script_job(11, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock),
+        on([0]),
+    )
     stream = backend.follow_log(job)
     await stream.__anext__()
     await server.stop()
@@ -403,8 +431,9 @@ async def test_a_recycled_pid_is_not_mistaken_for_the_job(
     backend: SshBackend, clock: ManualClock
 ) -> None:
     job = await started(backend, script_job(13, ["sleep", "60"], clock), on([0]))
-    recycled = job.model_copy(update={"handle": {**job.handle,
-                                                 "start_time": job.handle["start_time"] - 1}})
+    recycled = job.model_copy(
+        update={"handle": {**job.handle, "start_time": job.handle["start_time"] - 1}}
+    )
     mistaken = await backend.poll(recycled)
     genuine = await backend.poll(job)
     await backend.cancel(job, grace_s=1)
@@ -416,8 +445,10 @@ async def test_a_recycled_pid_is_not_mistaken_for_the_job(
 async def test_one_drop_counts_once_however_many_polls_saw_it(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
-    jobs = [await started(backend, script_job(30 + i, ["sleep", "60"], clock), on([i]))
-            for i in range(4)]
+    jobs = [
+        await started(backend, script_job(30 + i, ["sleep", "60"], clock), on([i]))
+        for i in range(4)
+    ]
     await server.stop()
     statuses = await asyncio.gather(*(backend.poll(j) for j in jobs))
     await server.start()
@@ -463,9 +494,17 @@ async def test_shared_staging_uploads_nothing_and_runs_in_the_given_workdir(
     (shared / "data.txt").write_text("on the shared filesystem\n")
     backend = SshBackend([server.node_config(staging="shared")], clock=clock)
     try:
-        job = await started(backend, script_job(14, ["cat", "data.txt"], clock,
-                                                files=[str(shared / "data.txt")],
-                                                workdir=str(shared)), on([0]))
+        job = await started(
+            backend,
+            script_job(
+                14,
+                ["cat", "data.txt"],
+                clock,
+                files=[str(shared / "data.txt")],
+                workdir=str(shared),
+            ),
+            on([0]),
+        )
         status = await ended(backend, job)
         log = await backend.read_log(job)
     finally:

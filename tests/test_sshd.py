@@ -33,8 +33,10 @@ from jupyter_gpusched.ssh import SshBackend
 
 pytestmark = [
     pytest.mark.sshd,
-    pytest.mark.skipif(not os.access(SSHD, os.X_OK),
-                       reason=f"{SSHD} missing: install openssh-server (scripts/system-deps.sh)"),
+    pytest.mark.skipif(
+        not os.access(SSHD, os.X_OK),
+        reason=f"{SSHD} missing: install openssh-server (scripts/system-deps.sh)",
+    ),
 ]
 
 UUIDS = [g["uuid"] for g in gpu_state(2)["gpus"]]
@@ -67,8 +69,17 @@ async def test_inventory_over_openssh_reports_our_jobs_and_foreign_gpu_use(
 ) -> None:
     job = await started(backend, script_job(21, ["sleep", "60"], clock), [0])
     # someone ssh'ed in and started work on GPU 1 by hand, outside the scheduler
-    await backend.run("sshd0", ["env", f"CUDA_VISIBLE_DEVICES={UUIDS[1]}", "sh", "-c",
-                                "setsid -f sleep 60 </dev/null >/dev/null 2>&1"], check=True)
+    await backend.run(
+        "sshd0",
+        [
+            "env",
+            f"CUDA_VISIBLE_DEVICES={UUIDS[1]}",
+            "sh",
+            "-c",
+            "setsid -f sleep 60 </dev/null >/dev/null 2>&1",
+        ],
+        check=True,
+    )
     [node] = await backend.inventory()
     await backend.cancel(job, grace_s=1)
     assert node.up and [g.model for g in node.gpus] == ["A100-80GB", "A100-80GB"]
@@ -81,12 +92,21 @@ async def test_inventory_over_openssh_reports_our_jobs_and_foreign_gpu_use(
 
 
 @pytest.mark.asyncio
-async def test_launch_log_and_cancel_over_openssh(
-    backend: SshBackend, clock: ManualClock
-) -> None:
-    job = await started(backend, script_job(
-        22, ["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES"; trap "echo bye; exit 9" TERM; '
-             'while :; do sleep 0.1; done'], clock), [1])
+async def test_launch_log_and_cancel_over_openssh(backend: SshBackend, clock: ManualClock) -> None:
+    job = await started(
+        backend,
+        script_job(
+            22,
+            [
+                "sh",
+                "-c",
+                'echo "gpus=$CUDA_VISIBLE_DEVICES"; trap "echo bye; exit 9" TERM; '
+                "while :; do sleep 0.1; done",
+            ],
+            clock,
+        ),
+        [1],
+    )
     assert (await backend.poll(job)).running
     for _ in range(100):
         if await backend.read_log(job):
@@ -101,8 +121,9 @@ async def test_launch_log_and_cancel_over_openssh(
 
 @pytest.mark.asyncio
 async def test_follow_log_over_openssh(backend: SshBackend, clock: ManualClock) -> None:
-    job = await started(backend, script_job(
-        23, ["sh", "-c", "echo a; sleep 0.3; echo b; exit 2"], clock), [0])
+    job = await started(
+        backend, script_job(23, ["sh", "-c", "echo a; sleep 0.3; echo b; exit 2"], clock), [0]
+    )
     streamed = b"".join([chunk async for chunk in backend.follow_log(job)])
     assert streamed == b"a\nb\n"
     assert (await backend.poll(job)).exit_code == 2
@@ -114,8 +135,9 @@ async def test_staged_files_run_in_the_job_dir_over_openssh(
 ) -> None:
     local = world_readable_dir("gpusched-stage-")
     (local / "job.sh").write_text("echo staged $(basename $(pwd))\nexit 6\n")
-    job = await started(backend, script_job(24, ["sh", "job.sh"], clock,
-                                            files=[str(local / "job.sh")]), [0])
+    job = await started(
+        backend, script_job(24, ["sh", "job.sh"], clock, files=[str(local / "job.sh")]), [0]
+    )
     status = await ended(backend, job)
     assert status.exit_code == 6
     assert await backend.read_log(job) == f"staged {Path(job.handle['job_dir']).name}\n".encode()
@@ -163,7 +185,8 @@ async def test_openssh_forwards_a_port(backend: SshBackend) -> None:
 
     service = await asyncio.start_server(echo, "127.0.0.1", 0)
     forward = await backend.forward_local_port(
-        "sshd0", "127.0.0.1", service.sockets[0].getsockname()[1])
+        "sshd0", "127.0.0.1", service.sockets[0].getsockname()[1]
+    )
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)
         writer.write(b"ping\n")

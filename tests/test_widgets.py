@@ -17,37 +17,101 @@ from _fixtures_live_server import api  # noqa: E402
 
 CLUSTER = {
     "nodes": [
-        {"name": "g0", "up": True, "error": None, "gpus": [
-            {"index": 0, "model": "A100-80GB", "state": "interactive", "mem_total_gb": 80.0,
-             "mem_used_gb": 20.0, "util_pct": 55.0, "share_used": 1.0,
-             "jobs": [{"id": 4, "user": "alice", "kind": "lease", "share": 1.0}]},
-            {"index": 1, "model": "A100-80GB", "state": "batch", "mem_total_gb": 80.0,
-             "mem_used_gb": 40.0, "util_pct": 90.0, "share_used": 0.5,
-             "jobs": [{"id": 5, "user": "bob", "kind": "script", "share": 0.5}]},
-            {"index": 2, "model": "A100-80GB", "state": "free", "mem_total_gb": 80.0,
-             "mem_used_gb": 0.0, "util_pct": 0.0, "share_used": 0.0, "jobs": []},
-            {"index": 3, "model": "A100-80GB", "state": "foreign", "mem_total_gb": 80.0,
-             "mem_used_gb": 8.0, "util_pct": 10.0, "share_used": 0.0, "jobs": []},
-        ]},
-        {"name": "g1", "up": False, "error": "connection refused", "gpus": [
-            {"index": 0, "model": "T4", "state": "down", "mem_total_gb": 16.0,
-             "mem_used_gb": 0.0, "util_pct": 0.0, "share_used": 0.0, "jobs": []},
-        ]},
+        {
+            "name": "g0",
+            "up": True,
+            "error": None,
+            "gpus": [
+                {
+                    "index": 0,
+                    "model": "A100-80GB",
+                    "state": "interactive",
+                    "mem_total_gb": 80.0,
+                    "mem_used_gb": 20.0,
+                    "util_pct": 55.0,
+                    "share_used": 1.0,
+                    "jobs": [{"id": 4, "user": "alice", "kind": "lease", "share": 1.0}],
+                },
+                {
+                    "index": 1,
+                    "model": "A100-80GB",
+                    "state": "batch",
+                    "mem_total_gb": 80.0,
+                    "mem_used_gb": 40.0,
+                    "util_pct": 90.0,
+                    "share_used": 0.5,
+                    "jobs": [{"id": 5, "user": "bob", "kind": "script", "share": 0.5}],
+                },
+                {
+                    "index": 2,
+                    "model": "A100-80GB",
+                    "state": "free",
+                    "mem_total_gb": 80.0,
+                    "mem_used_gb": 0.0,
+                    "util_pct": 0.0,
+                    "share_used": 0.0,
+                    "jobs": [],
+                },
+                {
+                    "index": 3,
+                    "model": "A100-80GB",
+                    "state": "foreign",
+                    "mem_total_gb": 80.0,
+                    "mem_used_gb": 8.0,
+                    "util_pct": 10.0,
+                    "share_used": 0.0,
+                    "jobs": [],
+                },
+            ],
+        },
+        {
+            "name": "g1",
+            "up": False,
+            "error": "connection refused",
+            "gpus": [
+                {
+                    "index": 0,
+                    "model": "T4",
+                    "state": "down",
+                    "mem_total_gb": 16.0,
+                    "mem_used_gb": 0.0,
+                    "util_pct": 0.0,
+                    "share_used": 0.0,
+                    "jobs": [],
+                },
+            ],
+        },
     ],
-    "metrics": {"allocated_share": 0.3, "unallocated_share": 0.7,
-                "free_nodes_by_size": {"8": 1}, "largest_placeable_gpus": 1,
-                "frag_ratio": 0.25, "gpus_total": 5, "gpus_free": 1},
-    "window": {"name": "day", "since": "2026-11-23T08:00:00+00:00",
-               "until": "2026-11-23T20:00:00+00:00", "next": "night",
-               "rules": {"interactive_max_share": 0.75}},
+    "metrics": {
+        "allocated_share": 0.3,
+        "unallocated_share": 0.7,
+        "free_nodes_by_size": {"8": 1},
+        "largest_placeable_gpus": 1,
+        "frag_ratio": 0.25,
+        "gpus_total": 5,
+        "gpus_free": 1,
+    },
+    "window": {
+        "name": "day",
+        "since": "2026-11-23T08:00:00+00:00",
+        "until": "2026-11-23T20:00:00+00:00",
+        "next": "night",
+        "rules": {"interactive_max_share": 0.75},
+    },
     "queue": {"queued": 0, "running": 2},
 }
 
 
 def _job(job_id: int, state: str, position: int | None = None, **spec: Any) -> dict[str, Any]:
-    return {"id": job_id, "state": state, "user": "alice", "position": position,
-            "reason": "waiting: no room" if state == "queued" else None, "placement": None,
-            "spec": {"kind": "script", "gpus": 1, "command": ["python", "x.py"], **spec}}
+    return {
+        "id": job_id,
+        "state": state,
+        "user": "alice",
+        "position": position,
+        "reason": "waiting: no room" if state == "queued" else None,
+        "placement": None,
+        "spec": {"kind": "script", "gpus": 1, "command": ["python", "x.py"], **spec},
+    }
 
 
 def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> None:
@@ -55,14 +119,15 @@ def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> 
     w.apply_cluster(CLUSTER)
     state = w.get_state()
     g0, g1 = state["nodes"]
-    assert [g["colour"] for g in g0["gpus"]] == [
-        "#2e7d32", "#1565c0", "#e0e0e0", "#ef6c00"
-    ]
+    assert [g["colour"] for g in g0["gpus"]] == ["#2e7d32", "#1565c0", "#e0e0e0", "#ef6c00"]
     assert [g["mem_fill"] for g in g0["gpus"]] == [0.25, 0.5, 0.0, 0.1]
     assert g0["gpus"][0]["jobs"] == [4]
     assert g0["gpus"][1]["title"].splitlines() == [
-        "g0 GPU 1 (A100-80GB)", "state: batch", "job 5 (script) by bob, 50% of the GPU",
-        "memory 40.0 / 80.0 GB", "utilization 90%",
+        "g0 GPU 1 (A100-80GB)",
+        "state: batch",
+        "job 5 (script) by bob, 50% of the GPU",
+        "memory 40.0 / 80.0 GB",
+        "utilization 90%",
     ]
     assert (g1["up"], g1["gpus"][0]["colour"]) == (False, COLOURS["down"])
     assert "node down: connection refused" in g1["gpus"][0]["title"]
@@ -105,10 +170,17 @@ async def test_the_live_map_follows_a_job_starting_and_ending(live_server: Any) 
     w.refresh()
     assert w.get_state()["nodes"] and w.error == ""
     assert w.follow() is True
-    job = api(live_server, "POST", "jobs", {
-        "kind": "script", "gpus": 2, "name": "widget-watch",
-        "command": [sys.executable, "-c", "import time; time.sleep(60)"],
-    })
+    job = api(
+        live_server,
+        "POST",
+        "jobs",
+        {
+            "kind": "script",
+            "gpus": 2,
+            "name": "widget-watch",
+            "command": [sys.executable, "-c", "import time; time.sleep(60)"],
+        },
+    )
 
     async def until(check: Any) -> None:
         deadline = time.monotonic() + 30
@@ -121,11 +193,13 @@ async def test_the_live_map_follows_a_job_starting_and_ending(live_server: Any) 
 
     try:
         await until(lambda s: gpus_of_job(s) == ["batch", "batch"])
-        await until(lambda s: any(j["id"] == job["id"] and j["state"] == "running"
-                                  for j in s["queue"]))
+        await until(
+            lambda s: any(j["id"] == job["id"] and j["state"] == "running" for j in s["queue"])
+        )
         assert w.connected
         api(live_server, "DELETE", f"jobs/{job['id']}")
-        await until(lambda s: gpus_of_job(s) == [] and
-                    all(j["id"] != job["id"] for j in s["queue"]))
+        await until(
+            lambda s: gpus_of_job(s) == [] and all(j["id"] != job["id"] for j in s["queue"])
+        )
     finally:
         w.close()

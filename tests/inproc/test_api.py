@@ -15,6 +15,7 @@ from _fixtures_server import OPENAPI, conforms
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
 
+
 def script(code: str) -> list[str]:
     """argv of a Python one-liner job (the sim runs real local processes)."""
     return [sys.executable, "-c", code]
@@ -40,8 +41,15 @@ def is_error(resp: Any, status: int, error: str, field: str | None = None) -> di
 
 async def test_submit_answers_201_with_location_and_the_caller_as_owner(gpusched: ApiClient):
     resp = await gpusched.request(
-        "POST", "jobs", body={"kind": "script", "command": ["python", "x.py"], "gpus": 2,
-                              "gpu_mem_gb": 16, "not_before": FAR_FUTURE},
+        "POST",
+        "jobs",
+        body={
+            "kind": "script",
+            "command": ["python", "x.py"],
+            "gpus": 2,
+            "gpu_mem_gb": 16,
+            "not_before": FAR_FUTURE,
+        },
     )
     assert resp.code == 201
     job = conforms(json.loads(resp.body), "Job")
@@ -71,8 +79,9 @@ async def test_failing_script_keeps_its_exit_code(gpusched: ApiClient):
 async def test_log_slices_by_offset_and_limit(gpusched: ApiClient):
     job = await gpusched.submit(kind="script", command=script("print('0123456789')"))
     await gpusched.wait_state(job["id"], "succeeded")
-    resp = await gpusched.request("GET", "jobs", str(job["id"]), "log",
-                                  params={"offset": 2, "limit": 3})
+    resp = await gpusched.request(
+        "GET", "jobs", str(job["id"]), "log", params={"offset": 2, "limit": 3}
+    )
     assert resp.body == b"234" and resp.headers["X-Log-Offset"] == "5"
 
 
@@ -89,11 +98,13 @@ async def test_follow_streams_the_log_until_the_job_ends(gpusched: ApiClient):
 
 async def test_list_filters_by_state_user_and_kind_and_pages(gpusched: ApiClient):
     bob = gpusched.as_user("bob")
-    mine = [await gpusched.submit(kind="script", command=["x"], not_before=FAR_FUTURE)
-            for _ in range(3)]
+    mine = [
+        await gpusched.submit(kind="script", command=["x"], not_before=FAR_FUTURE) for _ in range(3)
+    ]
     theirs = await bob.submit(kind="script", command=["y"], not_before=FAR_FUTURE)
-    page = conforms(await gpusched.json("GET", "jobs", params={"user": "me", "limit": 2}),
-                    "JobList")
+    page = conforms(
+        await gpusched.json("GET", "jobs", params={"user": "me", "limit": 2}), "JobList"
+    )
     assert page["total"] == 3 and page["limit"] == 2 and page["offset"] == 0
     assert [j["id"] for j in page["jobs"]] == [mine[0]["id"], mine[1]["id"]]
     rest = await gpusched.json("GET", "jobs", params={"user": "me", "limit": 2, "offset": 2})
@@ -138,14 +149,16 @@ async def test_bad_query_arguments_are_422_naming_the_argument(
 async def test_invalid_spec_is_422_naming_the_field_to_fix(
     gpusched: ApiClient, spec: Any, field: str, hint: str
 ):
-    body = is_error(await gpusched.request("POST", "jobs", body=spec), 422, "InvalidSpecError",
-                    field)
+    body = is_error(
+        await gpusched.request("POST", "jobs", body=spec), 422, "InvalidSpecError", field
+    )
     assert hint in body["message"]
 
 
 async def test_job_that_can_never_fit_is_422_infeasible(gpusched: ApiClient):
-    resp = await gpusched.request("POST", "jobs", body={"kind": "script", "command": ["x"],
-                                                        "gpus": 16})
+    resp = await gpusched.request(
+        "POST", "jobs", body={"kind": "script", "command": ["x"], "gpus": 16}
+    )
     assert "never fit" in is_error(resp, 422, "InfeasibleError")["message"]
 
 
@@ -167,8 +180,9 @@ async def test_missing_token_is_401_and_wrong_method_405(gpusched: ApiClient):
     resp = await gpusched.request("GET", "jobs", headers={"Authorization": ""})
     body = is_error(resp, 401, "Unauthorized")
     assert "token" in body["message"]
-    resp = await gpusched.request("POST", "jobs", body={"kind": "lease"},
-                                  headers={"Authorization": "token wrong"})
+    resp = await gpusched.request(
+        "POST", "jobs", body={"kind": "lease"}, headers={"Authorization": "token wrong"}
+    )
     is_error(resp, 401, "Unauthorized")
     is_error(await gpusched.request("PUT", "cluster", body={}), 405, "MethodNotAllowed")
     is_error(await gpusched.request("GET", "no", "such", "route"), 404, "NotFound")
@@ -181,8 +195,7 @@ async def test_cancel_a_queued_job_then_again_is_409(gpusched: ApiClient):
     job = await gpusched.submit(kind="script", command=["x"], not_before=FAR_FUTURE)
     cancelled = conforms(await gpusched.json("DELETE", "jobs", str(job["id"])), "Job")
     assert cancelled["state"] == "cancelled" and "alice" in cancelled["reason"]
-    body = is_error(await gpusched.request("DELETE", "jobs", str(job["id"])), 409,
-                    "ConflictError")
+    body = is_error(await gpusched.request("DELETE", "jobs", str(job["id"])), 409, "ConflictError")
     assert "already cancelled" in body["message"]
 
 
@@ -200,14 +213,17 @@ async def test_only_owner_or_admin_may_cancel_or_change_a_job(gpusched: ApiClien
     bob = gpusched.as_user("bob")
     body = is_error(await bob.request("DELETE", "jobs", str(job["id"])), 403, "ForbiddenError")
     assert "alice" in body["message"]
-    is_error(await bob.request("PATCH", "jobs", str(job["id"]), body={"held": True}), 403,
-             "ForbiddenError")
-    body = is_error(await bob.request("GET", "jobs", str(job["id"]), "log"), 403,
-                    "ForbiddenError")
+    is_error(
+        await bob.request("PATCH", "jobs", str(job["id"]), body={"held": True}),
+        403,
+        "ForbiddenError",
+    )
+    body = is_error(await bob.request("GET", "jobs", str(job["id"]), "log"), 403, "ForbiddenError")
     assert "log" in body["message"]
     assert (await gpusched.get(job["id"]))["state"] == "queued"
-    held = await gpusched.as_user("admin").json("PATCH", "jobs", str(job["id"]),
-                                                body={"held": True})
+    held = await gpusched.as_user("admin").json(
+        "PATCH", "jobs", str(job["id"]), body={"held": True}
+    )
     assert held["held"] is True
     gone = await gpusched.as_user("admin").json("DELETE", "jobs", str(job["id"]))
     assert gone["state"] == "cancelled"
@@ -215,8 +231,9 @@ async def test_only_owner_or_admin_may_cancel_or_change_a_job(gpusched: ApiClien
 
 async def test_patch_holds_and_reprioritises_a_queued_job(gpusched: ApiClient):
     job = await gpusched.submit(kind="script", command=["x"], not_before=FAR_FUTURE)
-    changed = await gpusched.json("PATCH", "jobs", str(job["id"]),
-                                  body={"held": True, "priority": "interactive"})
+    changed = await gpusched.json(
+        "PATCH", "jobs", str(job["id"]), body={"held": True, "priority": "interactive"}
+    )
     assert changed["held"] is True and changed["spec"]["priority"] == "interactive"
     again = await gpusched.json("PATCH", "jobs", str(job["id"]), body={"held": False})
     assert again["held"] is False and again["spec"]["priority"] == "interactive"
@@ -258,8 +275,9 @@ async def test_leases_list_only_mine_and_all_needs_admin(gpusched: ApiClient):
 
 async def test_releasing_a_job_that_is_no_lease_is_404(gpusched: ApiClient):
     job = await gpusched.submit(kind="script", command=["x"], not_before=FAR_FUTURE)
-    body = is_error(await gpusched.request("DELETE", "leases", str(job["id"])), 404,
-                    "NotFoundError")
+    body = is_error(
+        await gpusched.request("DELETE", "leases", str(job["id"])), 404, "NotFoundError"
+    )
     assert "not a lease" in body["message"]
 
 
@@ -286,10 +304,18 @@ async def test_policy_explains_the_window_at_a_time(gpusched: ApiClient):
     assert now["window"]["name"] and now["explanation"]
     at = await gpusched.json("GET", "policy", params={"at": "2026-11-24T03:00:00+00:00"})
     assert at["window"]["name"]
-    is_error(await gpusched.request("GET", "policy", params={"at": "2026-11-24T03:00:00"}), 422,
-             "InvalidSpecError", "at")
-    is_error(await gpusched.request("GET", "policy", params={"at": "tomorrow"}), 422,
-             "InvalidSpecError", "at")
+    is_error(
+        await gpusched.request("GET", "policy", params={"at": "2026-11-24T03:00:00"}),
+        422,
+        "InvalidSpecError",
+        "at",
+    )
+    is_error(
+        await gpusched.request("GET", "policy", params={"at": "tomorrow"}),
+        422,
+        "InvalidSpecError",
+        "at",
+    )
 
 
 async def test_openapi_file_is_served_and_parses(gpusched: ApiClient):

@@ -59,12 +59,15 @@ def _refused(port: int) -> bool:
 
 
 def test_a_lease_runs_this_module_as_a_kernel_writing_its_connection_file_by_job() -> None:
-    job = Job(id=7, attempt=2, spec=JobSpec(kind="lease"),
-              submitted_at="2026-11-23T09:00:00+00:00")
+    job = Job(id=7, attempt=2, spec=JobSpec(kind="lease"), submitted_at="2026-11-23T09:00:00+00:00")
     assert connection_file_name(job) == "kernel-7.2.json"
     assert lease_command(job, "/opt/py/bin/python") == [
-        "/opt/py/bin/python", "-m", "jupyter_gpusched.kernels", "kernel",
-        "--connection-file", "kernel-7.2.json",
+        "/opt/py/bin/python",
+        "-m",
+        "jupyter_gpusched.kernels",
+        "kernel",
+        "--connection-file",
+        "kernel-7.2.json",
     ]
 
 
@@ -92,8 +95,9 @@ async def test_the_kernel_runs_on_the_node_and_only_its_owner_may_connect(
     assert len({info[k] for k in PORT_KEYS}) == 5
     assert answer["lease"]["id"] == lease["id"] and answer["lease"]["state"] == "running"
     out, reply = await _run(
-        info, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.getpid(), "
-        "'JPY_PARENT_PID' in os.environ)"
+        info,
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.getpid(), "
+        "'JPY_PARENT_PID' in os.environ)",
     )
     assert reply["status"] == "ok"
     cuda, pid, parent_pid = out.split()

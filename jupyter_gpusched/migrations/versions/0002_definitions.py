@@ -56,7 +56,8 @@ def upgrade() -> None:
         sa.Column("job_id", sa.Integer(), nullable=False),
         sa.Column("caught_up", sa.Boolean(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["definition_id"], ["job_definitions.id"],
+            ["definition_id"],
+            ["job_definitions.id"],
             name=op.f("fk_definition_runs_definition_id_job_definitions"),
         ),
         sa.ForeignKeyConstraint(
