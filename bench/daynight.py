@@ -15,7 +15,8 @@ Workload (synthetic, diurnal, seeded; times in UTC, the policy's timezone; start
   8 users; 1 GPU (35 %), 2 (25 %), 4 (25 %), 8 (15 %); runtime lognormal(median 2.5 h,
   sigma 0.9) clipped to 10 min-24 h. 75 % declare a runtime (actual x U(1, 1.5), rounded up
   to 30 min), the rest do not (the policy estimates from the user's history). Batch work
-  checkpoints every 30 min, so a stop loses the work since the last checkpoint.
+  checkpoints every 30 min, so a stop loses the work since the last checkpoint, and a
+  restart costs 5 more minutes (start-up, loading the checkpoint).
 
 Demand comes to about 90-100 % of the cluster's capacity (printed per run), so a batch
 backlog is there most nights. "Night util" in the figures is over the default policy's whole
@@ -70,6 +71,7 @@ T0 = datetime(2026, 11, 23, tzinfo=UTC)  # a Monday
 HOUR = 3600.0
 CHECKPOINT_S = 1800.0
 CLAIM_S = 900.0  # as Scheduler.claim_ttl_s
+RESTART_S = 300.0  # a stopped job's start-up and checkpoint load when it runs again
 
 
 # ------------------------------------------------------------------ workload
@@ -92,6 +94,7 @@ class SimJob:
     limit_s: float | None = None
     job: Job | None = None
     finished_s: float | None = None
+    restarts: int = 0
 
 
 def _rate(t_s: float, interactive: bool) -> float:
@@ -148,7 +151,7 @@ def as_job(j: SimJob) -> Job:
     """The plain job the policy sees (remaining work declared, original submit time)."""
     declared = None
     if j.declared_s is not None:
-        declared = max(600.0, j.declared_s - j.done_s)
+        declared = max(600.0, j.declared_s - j.done_s + j.restarts * RESTART_S)
     spec = JobSpec(
         kind=JobKind.LEASE if j.interactive else JobKind.SCRIPT,
         command=None if j.interactive else ["python", "train.py"],
@@ -283,9 +286,10 @@ class Sim:
         self.usage_records.append(P.UsageRecord(j.user, j.gpus, self.when(j.start_s), self.when()))
         if requeue:
             kept = math.floor(ran / CHECKPOINT_S) * CHECKPOINT_S
-            self.lost_gpu_s += (ran - kept) * j.gpus
-            j.work_s -= kept
+            self.lost_gpu_s += (ran - kept + RESTART_S) * j.gpus
+            j.work_s += RESTART_S - kept
             j.done_s += kept
+            j.restarts += 1
             j.reply = j.start_s = None
             j.job = None
             self.queue.append(j)
@@ -455,7 +459,9 @@ class Sim:
             return True
 
         free = {name: float(f) for name, f in zip(self.names, self.free, strict=True)}
-        move = P.choose_migration(j.gpus, free, cands, now, reservation.start, plan, window=w)
+        move = P.choose_migration(
+            j.gpus, free, cands, now, reservation.start, plan, window=w, restart_s=RESTART_S
+        )
         if move is None:
             return None
         for v in move.job_ids:

@@ -570,7 +570,7 @@ class Migration:
     node: str
     # Jobs to stop and requeue (they restart on other nodes).
     job_ids: tuple[int, ...]
-    # Work they lose (GPU-seconds since their last checkpoints).
+    # What they lose (GPU-seconds since their last checkpoints, plus restarting).
     lost_gpu_s: float
 
 
@@ -583,12 +583,14 @@ def choose_migration(
     plan: Callable[[str, frozenset[int]], bool],
     *,
     window: Window | None = None,
+    restart_s: float = 300.0,
     max_nodes: int = 16,
     max_plans: int = 2000,
 ) -> Migration | None:
     """The cheapest move of batch jobs off one node that lets a waiting job start now, or None.
 
-    Worth it only when the work the moved jobs lose (since their checkpoints) is less than
+    Worth it only when what the moved jobs lose (their work since their checkpoints, plus
+    ``restart_s`` on each of their GPUs to start again and load the checkpoint) is less than
     the GPU time the move puts to work: the waiting job's GPUs from now until ``reserved``,
     when it would otherwise start (the moved jobs restart at once on GPUs idle now, so the
     cluster runs the waiting job's GPUs more, not fewer). ``plan(node, ids)`` says whether,
@@ -622,7 +624,7 @@ def choose_migration(
             for group in itertools.combinations(on, k):
                 if sum(c.gpus for c in group) + 1e-9 < need[node]:
                     continue
-                lost = sum(preemption_cost_gpu_s(c, now) for c in group)
+                lost = sum(preemption_cost_gpu_s(c, now) + c.gpus * restart_s for c in group)
                 if lost >= gain or (best is not None and lost >= best.lost_gpu_s):
                     continue
                 if plans >= max_plans:

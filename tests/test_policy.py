@@ -367,13 +367,14 @@ def test_migration_moves_the_cheapest_jobs_off_the_best_node() -> None:
         plan,
         window=Window("night", migrate_batch=True),
     )
-    # a needs 4 more GPUs: both of its jobs (0.6 h of 2 GPUs lost); b would lose 6 GPU-h
-    assert move == Migration("a", (1, 2), pytest.approx(2 * 0.6 * 3600))
+    # a needs 4 more GPUs: both of its jobs (0.6 h of 2 GPUs lost, and 5 min on 4 GPUs to
+    # restart); b would lose 6 GPU-h
+    assert move == Migration("a", (1, 2), pytest.approx(2 * 0.6 * 3600 + 4 * 300))
     assert plan_calls == [("a", frozenset({1, 2}))]
 
 
 def test_migration_only_when_the_work_lost_is_less_than_the_idle_time_saved() -> None:
-    running = [_on(1, "a", 4, 3)]  # no checkpoint: 12 GPU-h lost
+    running = [_on(1, "a", 4, 3)]  # no checkpoint: 12 GPU-h lost, and a restart
 
     def plan(node: str, ids: frozenset[int]) -> bool:
         return True
