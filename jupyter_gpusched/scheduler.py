@@ -89,8 +89,7 @@ class Scheduler:
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
-        # node -> (queued job it is kept for, until when): set when batch jobs move off it
-        self._claims: dict[str, tuple[int, datetime]] = {}
+        # How long a node stays kept for the job batch jobs were moved off it for.
         self.claim_ttl_s = 900.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -408,10 +407,7 @@ class Scheduler:
         )
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
-        self._claims = {
-            node: (job_id, until) for node, (job_id, until) in self._claims.items()
-            if job_id in by_id and until > now
-        }  # fmt: skip
+        claims = _kept_nodes(queued, now)
         self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
@@ -423,7 +419,7 @@ class Scheduler:
                 self._set_reason(job, admission.reason)
                 continue
             request = pack_request(job.spec)
-            claimed = {n for n, (owner, _) in self._claims.items() if owner != job.id}
+            claimed = {n for n, owner in claims.items() if owner != job.id}
             reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
             estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
@@ -445,7 +441,7 @@ class Scheduler:
                     self._set_reason(job, "waiting: batch jobs are being preempted for it")
                     continue
             if reply.node is None:
-                mine = [n for n, (owner, _) in self._claims.items() if owner == job.id]
+                mine = [n for n, owner in claims.items() if owner == job.id]
                 if mine:  # batch jobs are moving off its node: keep it for this job
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
                     head = head or policy.Reservation(now, mine[0], 0.0)
@@ -457,6 +453,7 @@ class Scheduler:
                     if batch and active.window.migrate_batch:
                         node = await self._migrate_for(job, state, head, active.window)
                         if node is not None:
+                            claims[node] = job.id
                             head = policy.Reservation(now, node, 0.0)
                 continue
             if head is not None:
@@ -521,7 +518,10 @@ class Scheduler:
         )
         if plan is None:
             return None
-        self._claims[plan.node] = (job.id, now + timedelta(seconds=self.claim_ttl_s))
+        # Kept in the store, so a restart in the middle of the move still keeps the node.
+        until = now + timedelta(seconds=self.claim_ttl_s)
+        kept = {"node": plan.node, "until": until.isoformat()}
+        self.store.update_job(job.id, handle={**job.handle, "kept_node": kept})
         self._set_reason(job, f"waiting: batch jobs are moving off {plan.node} for it")
         by_id = {j.id: j for j in running}
         await asyncio.gather(*(
@@ -744,6 +744,16 @@ class Scheduler:
     ) -> AsyncIterator[dict[str, Any]]:
         """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
         return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
+
+
+def _kept_nodes(queued: Sequence[Job], now: datetime) -> dict[str, int]:
+    """Nodes kept for queued jobs that batch jobs were moved for (until the claims expire)."""
+    kept: dict[str, int] = {}
+    for job in queued:
+        claim = job.handle.get("kept_node")
+        if isinstance(claim, dict) and datetime.fromisoformat(claim["until"]) > now:
+            kept[claim["node"]] = job.id
+    return kept
 
 
 def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:

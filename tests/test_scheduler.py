@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -345,6 +345,30 @@ async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_pa
         await h.sched.stop()
         h.sched.store.close()
         await cluster.stop(kill_jobs=True)
+
+
+@pytest.mark.asyncio
+async def test_a_node_kept_for_a_waiting_job_is_kept_across_a_restart(harness: Harness) -> None:
+    harness.clock.set(SATURDAY_NIGHT)
+    sleep = {"command": py("import time; time.sleep(60)"), "gpu_models": ["A100"]}
+    later = (SATURDAY_NIGHT + timedelta(hours=1)).isoformat()
+    waiting = harness.submit(gpus=8, not_before=later, **sleep)
+    until = (SATURDAY_NIGHT + timedelta(minutes=15)).isoformat()
+    harness.sched.store.update_job(
+        waiting.id, handle={"kept_node": {"node": "a100-0", "until": until}}
+    )
+    await harness.restart()  # what keeps the node is in the store, not in the scheduler
+    first = harness.submit(gpus=8, **sleep)
+    await harness.settle(first.id, state=JobState.RUNNING)
+    assert harness.job(first.id).placement.node == "a100-1"  # type: ignore[union-attr]
+    second = harness.submit(gpus=8, **sleep)
+    await harness.sched.tick()
+    assert harness.job(second.id).state is JobState.QUEUED
+    harness.clock.advance(16 * 60)  # the claim lapses
+    await harness.settle(second.id, state=JobState.RUNNING)
+    assert harness.job(second.id).placement.node == "a100-0"  # type: ignore[union-attr]
+    for job in (waiting, first, second):
+        await harness.sched.cancel(job.id, user="alice")
 
 
 @pytest.mark.asyncio
