@@ -1,7 +1,8 @@
 """The scheduler loop: reads the queue, asks policy and packer, acts through a backend.
 
-Each :meth:`Scheduler.tick` is one pass: refresh inventory (when due), poll running jobs,
-enforce runtime and idle limits, then place queued jobs in policy order. The store is the
+Each :meth:`Scheduler.tick` is one pass: refresh inventory (when due), poll running jobs
+(:class:`.tracking.JobTracker` records what they did), enforce runtime and idle limits, then
+place queued jobs in policy order. The store is the
 truth — every decision is written there before or right after acting, so a restart finds
 everything again (:meth:`Scheduler.start` reattaches running jobs).
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from . import moves, packer, policy, windows
 from .clock import Clock
-from .cluster import Backend, JobStatus, NodeInventory
+from .cluster import Backend, NodeInventory
 from .events import EventHub
 from .exceptions import ConflictError, ForbiddenError, GpuSchedError, InfeasibleError
 from .inventory import build_state, node_shape, pack_request
@@ -32,6 +33,7 @@ from .models import (
     PriorityClass,
 )
 from .store import Store
+from .tracking import JobTracker
 from .views import ClusterSnapshot, cluster_view, job_view
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,6 @@ class Scheduler:
         self.clock = clock
         self.packer_policy = packer_policy
         self.tick_interval_s = tick_interval_s
-        self.poll_interval_s = poll_interval_s
         self.inventory_interval_s = inventory_interval_s
         self.cancel_grace_s = cancel_grace_s
         self.admins = admins
@@ -85,7 +86,15 @@ class Scheduler:
         self._hooks_backlog: set[int] | None = None
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
-        self._polled_at: float | None = None
+        self.tracker = JobTracker(
+            store,
+            backend,
+            clock,
+            node_down=self._node_down,
+            on_ended=self._note_ended,
+            poll_interval_s=poll_interval_s,
+            cancel_grace_s=cancel_grace_s,
+        )
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
@@ -106,7 +115,7 @@ class Scheduler:
         self.store.migrate()
         await self.backend.start()
         await self._refresh_inventory(force=True)
-        await self._poll_active(force=True)
+        await self.tracker.poll_active(force=True)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="gpusched-loop")
 
     async def stop(self) -> None:
@@ -148,14 +157,18 @@ class Scheduler:
             now = self.clock.now()
             active = windows.resolve_window(self.policy, now)
             await self._refresh_inventory()
-            await self._poll_active()
-            await self._reap_stale()
+            await self.tracker.poll_active()
+            await self.tracker.reap_stale()
             await self._enforce_limits(now, active)
             for hook in self.tick_hooks:
                 await hook(now)
             await self._schedule(now, active)
             await self._run_end_hooks()
         await self.notify()
+
+    def _note_ended(self, job_id: int) -> None:
+        if self._hooks_backlog is not None:  # before the first tick the catch-up finds it
+            self._hooks_backlog.add(job_id)
 
     async def _run_end_hooks(self) -> None:
         """Run end hooks once per ended job; the store remembers which ran (restart-safe)."""
@@ -191,7 +204,7 @@ class Scheduler:
         self._inventory_at = mono
         for node in self._inventory:
             if before.get(node.name) is False and node.up:
-                await self._reconcile_node(node.name)
+                await self.tracker.reconcile_node(node.name)
             if before.get(node.name, True) != node.up:
                 self.store.add_event(
                     "node", detail={"node": node.name, "up": node.up, "error": node.error}
@@ -203,140 +216,6 @@ class Scheduler:
             await self._refresh_inventory(force=True)
         await self.notify()
         return self._inventory
-
-    # ------------------------------------------------------------------ watching jobs
-    async def _poll_active(self, *, force: bool = False) -> None:
-        mono = self.clock.monotonic()
-        if not force and self._polled_at is not None:
-            if mono - self._polled_at < self.poll_interval_s:
-                return
-        self._polled_at = mono
-        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        statuses = await asyncio.gather(*(self._safe_poll(j) for j in jobs))
-        for job, status in zip(jobs, statuses, strict=True):
-            # An API call (cancel) may have settled the job while we polled: theirs stands.
-            with contextlib.suppress(ConflictError):
-                self._apply_status(job, status)
-
-    async def _safe_poll(self, job: Job) -> JobStatus:
-        if not job.handle:
-            # Started in the store but the launch never returned (crash mid-launch): the
-            # backend cannot know it, so it counts as lost and follows its retry setting.
-            return JobStatus(running=False, lost=True, detail="launch did not complete")
-        try:
-            return await self.backend.poll(job)
-        except GpuSchedError as exc:
-            return JobStatus(running=False, lost=True, detail=exc.message)
-
-    def _apply_status(self, job: Job, status: JobStatus) -> None:
-        node = job.placement.node if job.placement else None
-        if status.lost:
-            if not job.handle or (node and self._node_down(node)):
-                self._lose(job, status.detail or f"node {node} is unreachable")
-            return
-        if status.running:
-            if job.state is JobState.STARTING:
-                self._move(job.id, JobState.RUNNING, expect=JobState.STARTING)
-            return
-        self._finish(job, status)
-
-    def _move(self, job_id: int, to_state: JobState, **fields: Any) -> Job:
-        """Change a job's state in the store, noting ended jobs for the end hooks."""
-        job = self.store.transition(job_id, to_state, **fields)
-        if self._hooks_backlog is not None and job.state in TERMINAL_STATES:
-            self._hooks_backlog.add(job.id)
-        return job
-
-    def _finish(self, job: Job, status: JobStatus) -> None:
-        code = status.exit_code
-        ended = status.ended_at or self.clock.now()
-        stopping = job.handle.get("stopping")
-        if stopping in ("preempt", "migrate"):
-            self._move(
-                job.id,
-                JobState.PREEMPTED,
-                reason=job.handle.get("stop_reason"),
-                finished_at=ended,
-                exit_code=code,
-            )
-            self._requeue(job, f"{job.handle.get('stop_reason')}: requeued")
-            return
-        if stopping in ("cancel", "idle"):
-            self._move(
-                job.id,
-                JobState.CANCELLED,
-                finished_at=ended,
-                exit_code=code,
-                reason=job.handle.get("stop_reason"),
-            )
-        elif code == 0:
-            self._move(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
-        else:
-            reason = job.handle.get("stop_reason") or _exit_reason(code)
-            self._move(job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason)
-
-    def _lose(self, job: Job, detail: str) -> None:
-        job = self._move(job.id, JobState.LOST, reason=detail)
-        if job.attempt < job.spec.retries:
-            self._requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
-
-    def _requeue(self, job: Job, reason: str) -> None:
-        previous = [
-            *job.handle.get("previous", []),
-            {k: v for k, v in job.handle.items() if k != "previous"},
-        ]
-        self._move(
-            job.id,
-            JobState.QUEUED,
-            reason=reason,
-            attempt=job.attempt + 1,
-            placement=None,
-            handle={"previous": previous},
-            started_at=None,
-            exit_code=None,
-        )
-
-    async def _reconcile_node(self, name: str) -> None:
-        """A node came back: settle its lost jobs and stop stale copies of requeued ones."""
-        lost, _ = self.store.list_jobs(states=[JobState.LOST], node=name, limit=100_000)
-        for job in lost:
-            status = await self._safe_poll(job)
-            if status.lost:
-                continue
-            if status.running:
-                self._move(job.id, JobState.RUNNING, reason="node is back")
-            else:
-                self._finish(job, status)
-
-    async def _reap_stale(self) -> None:
-        """Stop earlier attempts of requeued jobs still running on nodes that came back.
-
-        A lost job may have kept running on a node that only dropped off the network; once
-        the job runs again elsewhere (or waits), the old copy must not go on using GPUs.
-        Retried every tick until the node answers.
-        """
-        jobs, _ = self.store.list_jobs(states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000)
-        for job in jobs:
-            stale = [
-                old
-                for old in job.handle.get("previous", [])
-                if not old.get("reaped") and old.get("pgid") is not None
-            ]
-            changed = False
-            for old in stale:
-                if self._node_down(old.get("node", "")):
-                    continue
-                try:
-                    await self.backend.cancel(
-                        job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
-                    )
-                except GpuSchedError:
-                    continue
-                old["reaped"] = True
-                changed = True
-            if changed:
-                with contextlib.suppress(ConflictError):
-                    self.store.update_job(job.id, handle=job.handle, event="reconciled")
 
     def _node_down(self, name: str) -> bool:
         node_down = getattr(self.backend, "node_down", None)
@@ -352,32 +231,17 @@ class Scheduler:
             deadline = job.handle.get("deadline")
             if deadline and now >= datetime.fromisoformat(deadline):
                 limit = job.handle.get("limit_s", 0)
-                stops.append(self._stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached"))
+                stops.append(
+                    self.tracker.stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached")
+                )
             elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
                 job, active.window, now
             ):
                 idle = active.window.lease_idle_timeout_s or 0.0
-                stops.append(self._stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed"))
+                stops.append(
+                    self.tracker.stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed")
+                )
         await asyncio.gather(*stops)
-
-    async def _stop(self, job: Job, why: str, reason: str) -> None:
-        handle = {**job.handle, "stopping": why, "stop_reason": reason}
-        job = self.store.update_job(job.id, handle=handle, event="stopping")
-        with contextlib.suppress(GpuSchedError):
-            await self.backend.cancel(job, grace_s=self.cancel_grace_s)
-        await self._settle_stopped(job.id)
-
-    async def _settle_stopped(self, job_id: int) -> Job:
-        """After a stop signal: record the end now if the job is gone (the loop may race us)."""
-        job = self.store.get_job(job_id)
-        if job.state not in ACTIVE_STATES:
-            return job
-        status = await self._safe_poll(job)
-        if status.running or status.lost:
-            return job  # still dying; the next poll records it
-        with contextlib.suppress(ConflictError):
-            self._finish(self.store.get_job(job_id), status)
-        return self.store.get_job(job_id)
 
     # ------------------------------------------------------------------ placing
     def _empty_state(self) -> packer.ClusterState:
@@ -502,9 +366,8 @@ class Scheduler:
         if not victims:
             return False
         by_id = {j.id: j for j in running}
-        await asyncio.gather(*(
-            self._stop(by_id[v], "preempt", "preempted for interactive work") for v in victims
-        ))  # fmt: skip
+        why = "preempted for interactive work"
+        await asyncio.gather(*(self.tracker.stop(by_id[v], "preempt", why) for v in victims))
         return True
 
     async def _migrate_for(
@@ -525,7 +388,7 @@ class Scheduler:
         self._set_reason(job, f"waiting: batch jobs are moving off {plan.node} for it")
         by_id = {j.id: j for j in running}
         await asyncio.gather(*(
-            self._stop(by_id[v], "migrate", f"moved to make room for job {job.id}")
+            self.tracker.stop(by_id[v], "migrate", f"moved to make room for job {job.id}")
             for v in plan.job_ids
         ))  # fmt: skip
         return plan.node
@@ -552,7 +415,7 @@ class Scheduler:
         if limit_s is not None:
             handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
             handle["limit_s"] = limit_s
-        job = self._move(
+        job = self.tracker.move(
             job.id,
             JobState.STARTING,
             expect=JobState.QUEUED,
@@ -574,7 +437,7 @@ class Scheduler:
                 job.model_copy(update={"spec": spec}), placement, argv=argv
             )
         except GpuSchedError as exc:
-            self._move(
+            self.tracker.move(
                 job.id,
                 JobState.QUEUED,
                 reason=f"launch on {placement.node} failed: {exc.message}",
@@ -583,7 +446,7 @@ class Scheduler:
                 handle={k: v for k, v in handle.items() if k == "previous"},
             )
             return
-        self._move(
+        self.tracker.move(
             job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
         )
 
@@ -637,7 +500,7 @@ class Scheduler:
             raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
         reason = reason or f"cancelled by {user}"
         if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
-            job = self._move(
+            job = self.tracker.move(
                 job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
             )
         else:
@@ -645,9 +508,9 @@ class Scheduler:
             job = self.store.update_job(job_id, handle=handle, event="stopping")
             if job.handle.get("pgid") is not None:
                 await self.backend.cancel(job, grace_s=self.cancel_grace_s)
-            job = await self._settle_stopped(job_id)
+            job = await self.tracker.settle_stopped(job_id)
             if job.state in ACTIVE_STATES:  # never launched, or unkillable: stop tracking it
-                job = self._move(
+                job = self.tracker.move(
                     job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
                 )
         self.wake()
@@ -774,15 +637,6 @@ def _runtime_limit(job: Job, active: windows.ActiveWindow) -> float | None:
         limits.append(policy.batch_runtime_limit_s(active.window))
     given = [x for x in limits if x]
     return min(given) if given else None
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "ended without an exit code"
-    if code < 0 or code > 128:
-        sig = -code if code < 0 else code - 128
-        return f"killed by signal {sig}"
-    return f"exit code {code}"
 
 
 def _fmt_s(seconds: float) -> str:
