@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -163,6 +164,7 @@ class _Runner:
         """Execute every cell; the exit status."""
         from nbclient import NotebookClient
         from nbclient.exceptions import CellExecutionError, CellTimeoutError
+        from traitlets.config import Config
 
         runner = self
         total = len(self.code_cells)
@@ -197,6 +199,11 @@ class _Runner:
         async def on_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
             self.write()
 
+        # The kernel talks to us over Unix sockets in a private directory, not loopback TCP:
+        # other users of a shared node cannot reach it (and ipykernel has nothing to warn of).
+        # A Unix socket path must stay under ~100 bytes: a long TMPDIR falls back to /tmp.
+        base = tempfile.gettempdir() if len(tempfile.gettempdir()) <= 60 else "/tmp"
+        sockets = tempfile.TemporaryDirectory(prefix="gpusched-kernel-", dir=base)
         client = Client(
             self.nb,
             kernel_name=self.kernel_name,
@@ -205,6 +212,9 @@ class _Runner:
             on_notebook_start=on_start,
             on_cell_execute=on_execute,
             on_cell_executed=on_executed,
+            config=Config(
+                {"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets.name, "k")}}
+            ),
         )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stop, "stopped by SIGTERM", EXIT_TERMINATED)
@@ -232,6 +242,7 @@ class _Runner:
             return EXIT_CELL_FAILED
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
+            sockets.cleanup()
         if self.stop_reason is not None:  # the stop came just as the last cell ended
             return int(self.exit_code or EXIT_TERMINATED)
         self.nb.metadata.setdefault("gpusched", {})["status"] = "succeeded"

@@ -48,6 +48,18 @@ def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: 
     assert progress_of(log)[-1] == {"done": True, "status": "succeeded", "exit_code": 0}
 
 
+def test_the_kernel_talks_over_private_unix_sockets_not_tcp(tmp_path: Path) -> None:
+    code = "import ipykernel.kernelapp as k; print(k.IPKernelApp.instance().transport)"
+    write_notebook(tmp_path / "where.ipynb", [code])
+    proc = nbrun("where.ipynb", "--output", "out.ipynb", cwd=tmp_path)
+    log, _ = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, log
+    assert "ipc\n" in log
+    assert "without encryption" not in log
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ipynb", "where.ipynb"]
+
+
 def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> None:
     write_notebook(tmp_path / "long.ipynb", ["print('started')", "import time\ntime.sleep(60)"])
     proc = nbrun("long.ipynb", "--output", "out.ipynb", "--job-timeout-s", "4", cwd=tmp_path)
