@@ -17,6 +17,23 @@ def load_ipython_extension(ipython: Any) -> None:
     _load(ipython)
 
 
+def checkpointed(when: float | None = None) -> None:
+    """Tell the scheduler a checkpoint was saved (call it in a job right after saving one).
+
+    A preempted or moved job is then charged only the work since this moment. Does nothing
+    outside a gpusched job.
+    """
+    import os
+    import time
+
+    path = os.environ.get("GPUSCHED_CHECKPOINT_FILE")
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{time.time() if when is None else when:.3f}\n")
+        os.replace(tmp, path)  # the poll never reads half a line
+
+
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """Where jupyter_server finds the extension app (imported only when the server loads it)."""
     from .extension import GpuSchedApp

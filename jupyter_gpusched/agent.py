@@ -29,6 +29,10 @@ from typing import Any
 
 #: Environment variable every job (and its children) carries; marks GPU processes as ours.
 JOB_ID_ENV = "GPUSCHED_JOB_ID"
+#: Where a job reports its checkpoints: it writes the Unix time of each finished checkpoint
+#: there (``jupyter_gpusched.checkpointed()``, or ``date +%s > "$GPUSCHED_CHECKPOINT_FILE"``),
+#: so stopping it (preemption, a move) is charged only the work since then.
+CHECKPOINT_ENV = "GPUSCHED_CHECKPOINT_FILE"
 
 _SMI_GPU_FIELDS = "index,uuid,name,memory.total,memory.used,utilization.gpu,power.draw,pci.bus_id"
 _SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
@@ -355,6 +359,7 @@ def launch(
         child_env[key] = value
     if gpus is not None:
         child_env["CUDA_VISIBLE_DEVICES"] = gpus
+    child_env[CHECKPOINT_ENV] = os.path.join(job_dir, "checkpoint")
     record = os.path.join(job_dir, "launch.json")
     try:
         os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))

@@ -65,6 +65,7 @@ class JobStatus:
     ended_at: datetime | None = None
     lost: bool = False  # the node cannot tell (unreachable) — the scheduler counts these
     detail: str | None = None
+    checkpoint_at: datetime | None = None  # last checkpoint the job reported (running only)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import os
 import shlex
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 import asyncssh
@@ -123,7 +123,7 @@ _STATUS_SH = (
     'if [ -f "$1/exit_code" ]; then '
     'c=; e=; read -r c < "$1/exit_code"; { read -r e < "$1/ended_at"; } 2>/dev/null; '
     'echo "exit $c $e"; '
-    'else echo "stat $s"; fi'
+    'else k=; { read -r k < "$1/checkpoint"; } 2>/dev/null; echo "stat ${k:--} $s"; fi'
 )
 
 
@@ -135,6 +135,14 @@ def _stat_running(stat: str, start_time: int | None) -> bool:
     if len(fields) < 20 or fields[0] in ("Z", "X"):
         return False
     return start_time is None or int(fields[19]) == int(start_time)
+
+
+def _epoch(text: str) -> datetime | None:
+    """A reported checkpoint time (Unix seconds), None when absent or garbled."""
+    try:
+        return datetime.fromtimestamp(float(text), tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 _CONNECTION_ERRORS = (OSError, asyncssh.DisconnectError, asyncssh.ConnectionLost, EOFError)
@@ -509,8 +517,9 @@ class SshBackend:
                 exit_code=int(code),
                 ended_at=datetime.fromisoformat(ended) if ended else None,
             )
+        checkpoint, _, rest = rest.partition(" ")
         if _stat_running(rest, h.get("start_time")):
-            return JobStatus(running=True)
+            return JobStatus(running=True, checkpoint_at=_epoch(checkpoint))
         return JobStatus(
             running=False,
             lost=True,

@@ -77,7 +77,12 @@ class JobTracker:
             return
         if status.running:
             if job.state is JobState.STARTING:
-                self.move(job.id, JobState.RUNNING, expect=JobState.STARTING)
+                job = self.move(job.id, JobState.RUNNING, expect=JobState.STARTING)
+            mark = status.checkpoint_at.isoformat() if status.checkpoint_at else None
+            if mark and job.handle.get("checkpoint_at") != mark:  # what a stop would lose
+                self.store.update_job(
+                    job.id, handle={**job.handle, "checkpoint_at": mark}, event=None
+                )
             return
         self.finish(job, status)
 

@@ -16,6 +16,7 @@ from jupyter_gpusched import windows
 from jupyter_gpusched.clock import ManualClock, SystemClock
 from jupyter_gpusched.exceptions import ConflictError, ForbiddenError, InfeasibleError
 from jupyter_gpusched.models import Job, JobKind, JobState, parse_spec
+from jupyter_gpusched.policy import PreemptCandidate, preemption_cost_gpu_s
 from jupyter_gpusched.scheduler import Scheduler
 from jupyter_gpusched.sim import SimCluster, SimNodeSpec
 from jupyter_gpusched.ssh import SshBackend
@@ -369,6 +370,21 @@ async def test_a_node_kept_for_a_waiting_job_is_kept_across_a_restart(harness: H
     assert harness.job(second.id).placement.node == "a100-0"  # type: ignore[union-attr]
     for job in (waiting, first, second):
         await harness.sched.cancel(job.id, user="alice")
+
+
+@pytest.mark.asyncio
+async def test_a_running_job_reports_its_checkpoints_to_the_scheduler(harness: Harness) -> None:
+    mark = MONDAY_9AM + timedelta(minutes=20)
+    code = f"import time, jupyter_gpusched as g\ng.checkpointed({mark.timestamp()})\ntime.sleep(60)"
+    job = harness.submit(command=py(code), gpus=1)
+    await harness.until(lambda: "checkpoint_at" in harness.job(job.id).handle)
+    running = harness.job(job.id)
+    assert datetime.fromisoformat(running.handle["checkpoint_at"]) == mark
+    harness.clock.advance(30 * 60)
+    # Preempting it now loses the 10 minutes since that checkpoint, not the 30 since start.
+    cand = PreemptCandidate.from_job(running)
+    assert preemption_cost_gpu_s(cand, harness.clock.now()) == pytest.approx(600)
+    await harness.sched.cancel(job.id, user="alice")
 
 
 @pytest.mark.asyncio
