@@ -80,11 +80,11 @@ class JobTracker:
                 job = self.move(job.id, JobState.RUNNING, expect=JobState.STARTING)
             mark = status.checkpoint_at.isoformat() if status.checkpoint_at else None
             if mark and job.handle.get("checkpoint_at") != mark:  # what a stop would lose
-                self.store.update_job(
-                    job.id, handle={**job.handle, "checkpoint_at": mark}, event=None
-                )
+                # Re-read: a stop may have marked the handle while this poll was out.
+                handle = self.store.get_job(job.id).handle
+                self.store.update_job(job.id, handle={**handle, "checkpoint_at": mark}, event=None)
             return
-        self.finish(job, status)
+        self.finish(self.store.get_job(job.id), status)  # with a stop's marks, if one came
 
     def move(self, job_id: int, to_state: JobState, **fields: Any) -> Job:
         """Change a job's state in the store, noting ended jobs for the end hooks."""
