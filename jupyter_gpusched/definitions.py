@@ -59,9 +59,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from .clock import Clock
 from .exceptions import ForbiddenError, GpuSchedError, InvalidSpecError, NotFoundError
-from .models import Job, JobSpec, JobState
-from .orm import Base, EventRow, JobRow
-from .store import Store, add_event_row
+from .models import Job, JobSpec
+from .orm import Base, EventRow
+from .store import Store, add_event_row, add_job_row
 from .windows import local_boundary
 
 log = logging.getLogger(__name__)
@@ -502,38 +502,14 @@ class Definitions:
         *,
         caught_up: bool,
     ) -> int:
-        """Queue the firing's job in the claiming transaction (what Store.add_job writes)."""
+        """Queue the firing's job in the claiming transaction."""
         spec = JobSpec.model_validate(spec_json)
         labels = {**spec.labels, "definition_id": str(def_id), "fire_at": fire_at.isoformat()}
         if caught_up:
             labels["caught_up"] = "true"
         spec = spec.model_copy(update={"labels": labels})
-        row = JobRow(
-            state=JobState.QUEUED.value,
-            username=spec.user,
-            kind=spec.kind.value,
-            priority_class=spec.priority_class.value,
-            submitted_at=now,
-            node=None,
-            held=False,
-            attempt=0,
-            spec=spec.model_dump(mode="json"),
-            placement=None,
-            handle={},
-        )
-        s.add(row)
-        s.flush()
-        add_event_row(
-            s,
-            EventRow(
-                at=now,
-                job_id=row.id,
-                kind="submitted",
-                from_state=None,
-                to_state=JobState.QUEUED.value,
-                detail={"user": spec.user, "definition_id": def_id, "fire_at": fire_at.isoformat()},
-            ),
-        )
+        detail = {"definition_id": def_id, "fire_at": fire_at.isoformat()}
+        row = add_job_row(s, spec, now, detail=detail)
         return int(row.id)
 
 

@@ -208,35 +208,8 @@ class Store:
 
     def add_job(self, spec: JobSpec) -> Job:
         """Queue a new job and log ``submitted``."""
-        now = self._clock.now()
         with self.write_session() as s:
-            row = JobRow(
-                state=JobState.QUEUED.value,
-                username=spec.user,
-                kind=spec.kind.value,
-                priority_class=spec.priority_class.value,
-                submitted_at=now,
-                node=None,
-                held=False,
-                attempt=0,
-                spec=_spec_json(spec),
-                placement=None,
-                handle={},
-            )
-            s.add(row)
-            s.flush()
-            add_event_row(
-                s,
-                EventRow(
-                    at=now,
-                    job_id=row.id,
-                    kind="submitted",
-                    from_state=None,
-                    to_state=JobState.QUEUED.value,
-                    detail={"user": spec.user},
-                ),
-            )
-            return _job(row)
+            return _job(add_job_row(s, spec, self._clock.now()))
 
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
@@ -606,6 +579,40 @@ def _enable_wal(cursor: Any) -> None:
                 raise
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 0.2)
+
+
+def add_job_row(
+    s: Session, spec: JobSpec, now: datetime, *, detail: Mapping[str, Any] | None = None
+) -> JobRow:
+    """Insert a queued job and its ``submitted`` event in an open session.
+
+    For callers that write more in the same transaction, e.g. a definition's firing.
+    """
+    row = JobRow(
+        state=JobState.QUEUED.value,
+        username=spec.user,
+        kind=spec.kind.value,
+        priority_class=spec.priority_class.value,
+        submitted_at=now,
+        node=None,
+        held=False,
+        attempt=0,
+        spec=_spec_json(spec),
+        placement=None,
+        handle={},
+    )
+    s.add(row)
+    s.flush()
+    event = EventRow(
+        at=now,
+        job_id=row.id,
+        kind="submitted",
+        from_state=None,
+        to_state=JobState.QUEUED.value,
+        detail={"user": spec.user, **(detail or {})},
+    )
+    add_event_row(s, event)
+    return row
 
 
 def add_event_row(s: Session, row: EventRow) -> None:
