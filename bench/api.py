@@ -14,18 +14,16 @@ Run: ``.venv/bin/python bench/api.py [--history 10000] [--submits 200] [--thread
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from _server import TOKEN, start_server
 
 from jupyter_gpusched.client import GpuSchedClient
 from jupyter_gpusched.clock import SystemClock
@@ -33,7 +31,6 @@ from jupyter_gpusched.models import JobState, parse_spec
 from jupyter_gpusched.store import Store
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
-TOKEN = "bench-token"
 
 
 def prefill(url: str, n: int) -> float:
@@ -50,57 +47,6 @@ def prefill(url: str, n: int) -> float:
         store.transition(job.id, JobState.CANCELLED, reason="bench history")
     store.close()
     return time.perf_counter() - t0
-
-
-def start_server(root: Path, store_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = {
-        "ServerApp": {
-            "jpserver_extensions": {
-                "jupyter_gpusched": True,
-                "jupyterlab": False,
-                "jupyter_lsp": False,
-                "notebook_shim": False,
-                "notebook": False,
-                "jupyter_server_terminals": False,
-            },
-            "port": port,
-            "ip": "127.0.0.1",
-            "open_browser": False,
-            "allow_root": True,
-            "root_dir": str(root),
-            "log_level": "WARN",
-        },
-        "IdentityProvider": {"token": TOKEN},
-        "GpuSchedApp": {"store_url": store_url, "sim_dir": ""},
-    }
-    (root / "config").mkdir()
-    (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(root / "config"),
-        "JUPYTER_DATA_DIR": str(root / "data"),
-        "JUPYTER_RUNTIME_DIR": str(root / "rt"),
-    }
-    with open(root / "server.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            req = urllib.request.Request(
-                url + "gpusched/api/jobs?limit=1", headers={"Authorization": f"token {TOKEN}"}
-            )
-            with urllib.request.urlopen(req, timeout=5):
-                return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{(root / 'server.log').read_text()}")
 
 
 def submit_rate(client: GpuSchedClient, n: int, threads: int) -> float:
@@ -143,7 +89,7 @@ def main() -> None:
             f"stored {args.history} finished jobs in {fill_s:.1f}s "
             f"({args.history / fill_s:.0f} jobs/s via Store.add_job + transition)"
         )
-        proc, url = start_server(root, store_url)
+        proc, url, _ = start_server(root, store_url)
         try:
             client = GpuSchedClient(url, TOKEN)
             seq = submit_rate(client, args.submits, 1)

@@ -19,83 +19,16 @@ Run: ``.venv/bin/python bench/cell_overhead.py [--cells 200]``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from _server import TOKEN, start_server
 from jupyter_client.manager import start_new_kernel
-
-TOKEN = "bench-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    port = _free_port()
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(root / "config"),
-        "JUPYTER_DATA_DIR": str(root / "data"),
-        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-        "JUPYTER_PLATFORM_DIRS": "1",
-    }
-    env.pop("GPUSCHED_URL", None)
-    (root / "config").mkdir(parents=True)
-    config = {
-        "ServerApp": {
-            "jpserver_extensions": {
-                "jupyter_gpusched": True,
-                "jupyterlab": False,
-                "jupyter_lsp": False,
-                "notebook_shim": False,
-                "notebook": False,
-                "jupyter_server_terminals": False,
-            },
-            "port": port,
-            "ip": "127.0.0.1",
-            "open_browser": False,
-            "allow_root": True,
-            "root_dir": str(root),
-        },
-        "IdentityProvider": {"token": TOKEN},
-        "GpuSchedApp": {"store_url": f"sqlite:///{root / 'gpusched.db'}", "sim_dir": ""},
-    }
-    (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=root,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            req = urllib.request.Request(
-                url + "gpusched/api/cluster", headers={"Authorization": f"token {TOKEN}"}
-            )
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                if resp.status == 200:
-                    return proc, url, env
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"server did not start; see {root / 'server.log'}")
-        time.sleep(0.2)
 
 
 def run(kc: object, code: str) -> float:
