@@ -70,6 +70,28 @@ def parse_parameter(text: str) -> tuple[str, Any]:
 # ---------------------------------------------------------------------------- submit-notebook
 
 
+def add_notebook_args(p: Any) -> None:
+    """What a notebook run needs, the same for the CLI and ``%gpu submit-notebook``."""
+    p.add_argument("notebook", help="path of the .ipynb to run")
+    p.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter; VALUE is read as JSON or a Python literal, else text: "
+        "lr=0.1, epochs=3, tag=base",
+    )
+    p.add_argument(
+        "--at",
+        default="now",
+        help="now, tonight, a window name, an ISO time or a "
+        "cron expression like '0 2 * * *' (a recurring definition)",
+    )
+    p.add_argument("--kernel", help="kernel name (default: the notebook's)")
+    p.add_argument("--name", help="display name")
+
+
 def submit_main(argv: list[str]) -> int:
     """``submit-notebook NB [-p NAME=VALUE ...] [--gpus N] [--at WHEN]``."""
     import argparse
@@ -80,33 +102,17 @@ def submit_main(argv: list[str]) -> int:
         "'jupyter gpusched submit-notebook train.ipynb -p lr=0.1 --gpus 2 --at tonight'. "
         "The executed notebook comes back beside it.",
     )
-    p.add_argument("notebook", help="the notebook (under the server's root directory)")
-    p.add_argument(
-        "-p",
-        "--parameter",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a parameter; VALUE is read as JSON or a Python literal, else text",
-    )
+    add_notebook_args(p)
     p.add_argument("--parameters-json", help="all parameters as one JSON object")
-    p.add_argument(
-        "--at",
-        default="now",
-        help="now, tonight, a window name, an ISO time or a "
-        "cron expression like '0 2 * * *' (a recurring definition)",
-    )
     p.add_argument("--timezone", help="timezone of the cron (default: the policy's)")
     p.add_argument("--catch-up", choices=("skip", "once"), help="after downtime (cron only)")
     add_resource_args(p)
-    p.add_argument("--kernel", help="kernel name (default: the notebook's)")
     p.add_argument(
         "--cell-timeout", type=duration_arg, help="stop a cell after this long, e.g. 10m"
     )
     p.add_argument("--max-runtime", type=duration_arg, help="stop the run after this long, e.g. 2h")
     p.add_argument("--retries", type=int, help="run a failed notebook again this many times")
     p.add_argument("--retry-backoff", type=duration_arg, help="first wait before a retry (1m)")
-    p.add_argument("--name", help="display name")
     p.add_argument("--priority", choices=("interactive", "batch"), help="priority class")
     p.add_argument("--wait", action="store_true", help="wait for the run; exit 1 if it failed")
     p.add_argument("--json", action="store_true", help="print the API's JSON")

@@ -571,7 +571,7 @@ class GpuMagics(Magics):
         return job
 
     def _submit_notebook_cmd(self, argv: list[str]) -> dict[str, Any]:
-        from .cli_notebooks import parse_parameter
+        from .cli_notebooks import add_notebook_args, parse_parameter
 
         p = _Parser(
             "%gpu submit-notebook",
@@ -579,23 +579,7 @@ class GpuMagics(Magics):
             "%gpu submit-notebook nb.ipynb -p lr=0.1 --gpus 1 --at tonight. The "
             "executed copy comes back beside it with a timestamped name.",
         )
-        p.add_argument("notebook", help="path of the .ipynb to run")
-        p.add_argument(
-            "-p",
-            "--parameter",
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="a parameter, typed like Python: lr=0.1, epochs=3, tag=base",
-        )
-        p.add_argument(
-            "--at",
-            default="now",
-            help="now, tonight, a window name, an ISO "
-            "time or a cron expression such as '0 2 * * *' (repeats)",
-        )
-        p.add_argument("--kernel", help="kernel name (default: the notebook's)")
-        p.add_argument("--name", help="display name")
+        add_notebook_args(p)
         _resources(p)
         args = p.parse_args(argv)
         if not os.path.isfile(args.notebook):
