@@ -31,7 +31,7 @@ import asyncssh
 import jupyter_gpusched
 from jupyter_gpusched.clock import ManualClock
 from jupyter_gpusched.cluster import JobStatus
-from jupyter_gpusched.models import Job, JobSpec
+from jupyter_gpusched.models import Job, JobSpec, Placement
 from jupyter_gpusched.ssh import NodeConfig, SshBackend
 
 REPO_ROOT = Path(jupyter_gpusched.__file__).resolve().parent.parent
@@ -430,3 +430,30 @@ async def ended(backend: SshBackend, job: Job) -> JobStatus:
             return status
         await asyncio.sleep(0.05)
     raise AssertionError(f"job {job.id} still running after 20 s")
+
+
+async def launched(backend: SshBackend, job: Job, placement: Placement) -> Job:
+    """Launch ``job`` at ``placement``; the job as the store would then hold it."""
+    result = await backend.launch(job, placement)
+    return job.model_copy(update={"handle": result.handle, "placement": placement})
+
+
+async def check_a_fresh_backend_reattaches(
+    backend: SshBackend, node: NodeConfig, clock: ManualClock, first_id: int,
+    placements: tuple[Placement, Placement],
+) -> None:  # fmt: skip
+    """A running and a finished job, then a new backend (a restarted server) finds both."""
+    running = await launched(backend, script_job(first_id, ["sleep", "60"], clock), placements[0])
+    finished = await launched(
+        backend, script_job(first_id + 1, ["sh", "-c", "exit 5"], clock), placements[1]
+    )
+    await ended(backend, finished)
+    await backend.close()
+    fresh = SshBackend([node], clock=clock)
+    try:
+        assert (await fresh.poll(running)).running
+        assert (await fresh.poll(finished)).exit_code == 5
+        await fresh.cancel(running, grace_s=1)
+        assert (await fresh.poll(running)).exit_code == -15
+    finally:
+        await fresh.close()

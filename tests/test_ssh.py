@@ -14,17 +14,19 @@ import pytest
 import pytest_asyncio
 from _fixtures_ssh import (
     InProcessSshServer,
+    check_a_fresh_backend_reattaches,
     ended,
     fake_gpu_bin,
     gpu_state,
     kill_marked,
+    launched,
     script_job,
 )
 
 from jupyter_gpusched.clock import ManualClock
 from jupyter_gpusched.cluster import GpuProcess
 from jupyter_gpusched.exceptions import BackendError, HostKeyError
-from jupyter_gpusched.models import Job, Placement
+from jupyter_gpusched.models import Placement
 from jupyter_gpusched.ssh import NodeConfig, SshBackend
 
 UUIDS = [g["uuid"] for g in gpu_state(4)["gpus"]]
@@ -55,11 +57,6 @@ def on(gpus: list[int], uuids: list[str] | None = None, node: str = "n0") -> Pla
     return Placement(
         node=node, gpu_indices=gpus, gpu_uuids=[UUIDS[i] for i in gpus] if uuids is None else uuids
     )
-
-
-async def started(backend: SshBackend, job: Job, placement: Placement) -> Job:
-    result = await backend.launch(job, placement)
-    return job.model_copy(update={"handle": result.handle, "placement": placement})
 
 
 @pytest.mark.asyncio
@@ -138,7 +135,7 @@ async def test_launch_stages_files_sets_gpus_and_env_and_keeps_argv_literal(
         files=[str(script)],
         env={"LR": "0.1"},
     )
-    job = await started(backend, job, on([1, 2]))
+    job = await launched(backend, job, on([1, 2]))
     status = await ended(backend, job)
     log = (await backend.read_log(job)).decode().splitlines()
     assert status.exit_code == 4 and not status.lost and status.ended_at is not None
@@ -159,10 +156,10 @@ async def test_gpus_are_named_by_index_when_no_uuid_is_known(
     backend: SshBackend, clock: ManualClock
 ) -> None:
     cmd = ["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"']
-    bare = await started(backend, script_job(1, cmd, clock), on([0, 3], uuids=[]))
+    bare = await launched(backend, script_job(1, cmd, clock), on([0, 3], uuids=[]))
     await ended(backend, bare)
     await backend.inventory()  # now the backend knows the UUIDs itself
-    known = await started(backend, script_job(2, cmd, clock), on([0, 3], uuids=[]))
+    known = await launched(backend, script_job(2, cmd, clock), on([0, 3], uuids=[]))
     await ended(backend, known)
     assert await backend.read_log(bare) == b"0,3\n"
     assert await backend.read_log(known) == f"{UUIDS[0]},{UUIDS[3]}\n".encode()
@@ -172,7 +169,7 @@ async def test_gpus_are_named_by_index_when_no_uuid_is_known(
 async def test_follow_log_streams_until_the_job_ends(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(
+    job = await launched(
         backend,
         script_job(3, ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"], clock),
         on([0]),
@@ -187,7 +184,7 @@ async def test_follow_log_streams_until_the_job_ends(
 async def test_cancel_terminates_the_whole_process_group(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(
+    job = await launched(
         backend, script_job(4, ["sh", "-c", "sleep 60 & sleep 60 & wait"], clock), on([0])
     )
     assert (await backend.poll(job)).running
@@ -241,25 +238,16 @@ async def test_a_missing_known_hosts_file_is_an_error_not_a_free_pass(
 async def test_a_fresh_backend_finds_running_and_finished_jobs(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
-    running = await started(backend, script_job(6, ["sleep", "60"], clock), on([0]))
-    finished = await started(backend, script_job(7, ["sh", "-c", "exit 5"], clock), on([1]))
-    await ended(backend, finished)
-    await backend.close()
-    fresh = SshBackend([server.node_config()], clock=clock)
-    try:
-        assert (await fresh.poll(running)).running
-        assert (await fresh.poll(finished)).exit_code == 5
-        await fresh.cancel(running, grace_s=1)
-        assert (await fresh.poll(running)).exit_code == -15
-    finally:
-        await fresh.close()
+    await check_a_fresh_backend_reattaches(
+        backend, server.node_config(), clock, 6, (on([0]), on([1]))
+    )
 
 
 @pytest.mark.asyncio
 async def test_a_dropped_node_is_lost_then_down_then_reconciled(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(8, ["sleep", "60"], clock), on([0]))
+    job = await launched(backend, script_job(8, ["sleep", "60"], clock), on([0]))
     await backend.inventory()
     await server.stop()
 
@@ -383,7 +371,7 @@ def followers_of(log_path: str) -> list[int]:
 async def test_a_follower_that_stops_reading_ends_on_the_node(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(
+    job = await launched(
         backend,
         script_job(10, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock),
         on([0]),
@@ -410,7 +398,7 @@ def test_node_config_rejects_an_unknown_staging_mode() -> None:
 async def test_a_follow_cut_by_a_dropped_connection_raises_instead_of_ending_quietly(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(
+    job = await launched(
         backend,
         script_job(11, ["sh", "-c", "while :; do echo tick; sleep 0.1; done"], clock),
         on([0]),
@@ -430,7 +418,7 @@ async def test_a_follow_cut_by_a_dropped_connection_raises_instead_of_ending_qui
 async def test_a_recycled_pid_is_not_mistaken_for_the_job(
     backend: SshBackend, clock: ManualClock
 ) -> None:
-    job = await started(backend, script_job(13, ["sleep", "60"], clock), on([0]))
+    job = await launched(backend, script_job(13, ["sleep", "60"], clock), on([0]))
     recycled = job.model_copy(
         update={"handle": {**job.handle, "start_time": job.handle["start_time"] - 1}}
     )
@@ -446,7 +434,7 @@ async def test_one_drop_counts_once_however_many_polls_saw_it(
     server: InProcessSshServer, backend: SshBackend, clock: ManualClock
 ) -> None:
     jobs = [
-        await started(backend, script_job(30 + i, ["sleep", "60"], clock), on([i]))
+        await launched(backend, script_job(30 + i, ["sleep", "60"], clock), on([i]))
         for i in range(4)
     ]
     await server.stop()
@@ -494,7 +482,7 @@ async def test_shared_staging_uploads_nothing_and_runs_in_the_given_workdir(
     (shared / "data.txt").write_text("on the shared filesystem\n")
     backend = SshBackend([server.node_config(staging="shared")], clock=clock)
     try:
-        job = await started(
+        job = await launched(
             backend,
             script_job(
                 14,

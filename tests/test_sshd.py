@@ -19,8 +19,10 @@ import pytest_asyncio
 from _fixtures_ssh import (
     SSHD,
     Sshd,
+    check_a_fresh_backend_reattaches,
     ended,
     gpu_state,
+    launched,
     running_sshd,
     script_job,
     world_readable_dir,
@@ -57,10 +59,12 @@ async def backend(sshd: Sshd, clock: ManualClock) -> AsyncIterator[SshBackend]:
     await b.close()
 
 
+def on(gpus: list[int]) -> Placement:
+    return Placement(node="sshd0", gpu_indices=gpus, gpu_uuids=[UUIDS[i] for i in gpus])
+
+
 async def started(backend: SshBackend, job: Job, gpus: list[int]) -> Job:
-    placement = Placement(node="sshd0", gpu_indices=gpus, gpu_uuids=[UUIDS[i] for i in gpus])
-    result = await backend.launch(job, placement)
-    return job.model_copy(update={"handle": result.handle, "placement": placement})
+    return await launched(backend, job, on(gpus))
 
 
 @pytest.mark.asyncio
@@ -148,18 +152,9 @@ async def test_staged_files_run_in_the_job_dir_over_openssh(
 async def test_a_fresh_backend_reattaches_over_openssh(
     sshd: Sshd, backend: SshBackend, clock: ManualClock
 ) -> None:
-    running = await started(backend, script_job(25, ["sleep", "60"], clock), [0])
-    finished = await started(backend, script_job(26, ["sh", "-c", "exit 7"], clock), [1])
-    await ended(backend, finished)
-    await backend.close()
-    fresh = SshBackend([sshd.node_config()], clock=clock)
-    try:
-        assert (await fresh.poll(running)).running
-        assert (await fresh.poll(finished)).exit_code == 7
-        await fresh.cancel(running, grace_s=1)
-        assert (await fresh.poll(running)).exit_code == -15
-    finally:
-        await fresh.close()
+    await check_a_fresh_backend_reattaches(
+        backend, sshd.node_config(), clock, 25, (on([0]), on([1]))
+    )
 
 
 @pytest.mark.asyncio
