@@ -34,9 +34,12 @@ def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
     kill_marked(token)
 
 
+AGENT = [sys.executable, "-m", "jupyter_gpusched.agent"]
+
+
 def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter_gpusched.agent", *args],
+        [*AGENT, *args],
         env=env,
         capture_output=True,
         timeout=60,
@@ -44,6 +47,13 @@ def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
     if check:
         assert done.returncode == 0, (done.stdout, done.stderr)
     return json.loads(done.stdout)
+
+
+def launch_sh(node: dict[str, Any], name: str, script: str) -> Any:
+    """Launch ``sh -c script`` in job dir ``name`` of the node; the agent's answer."""
+    return agent(
+        node["env"], "launch", "--job-dir", str(node["dir"] / name), "--", "sh", "-c", script
+    )
 
 
 def wait_ended(env: dict[str, str], job: dict[str, Any]) -> dict[str, Any]:
@@ -218,16 +228,7 @@ def test_a_missing_program_ends_with_127_and_says_why(node: dict[str, Any]) -> N
 
 
 def test_kill_terms_the_group_and_the_wrapper_records_the_signal(node: dict[str, Any]) -> None:
-    job = agent(
-        node["env"],
-        "launch",
-        "--job-dir",
-        str(node["dir"] / "j4"),
-        "--",
-        "sh",
-        "-c",
-        "sleep 30 & sleep 30; wait",
-    )
+    job = launch_sh(node, "j4", "sleep 30 & sleep 30; wait")
     assert agent(
         node["env"],
         "status",
@@ -246,16 +247,7 @@ def test_kill_terms_the_group_and_the_wrapper_records_the_signal(node: dict[str,
 
 
 def test_kill_escalates_to_sigkill_after_the_grace_period(node: dict[str, Any]) -> None:
-    job = agent(
-        node["env"],
-        "launch",
-        "--job-dir",
-        str(node["dir"] / "j5"),
-        "--",
-        "sh",
-        "-c",
-        "trap '' TERM; echo ready; while :; do sleep 0.1; done",
-    )
+    job = launch_sh(node, "j5", "trap '' TERM; echo ready; while :; do sleep 0.1; done")
     deadline = time.monotonic() + 10
     while b"ready" not in Path(job["log"]).read_bytes() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -290,22 +282,11 @@ def test_a_reused_pid_does_not_count_as_the_job(node: dict[str, Any]) -> None:
 
 
 def test_log_reads_from_an_offset_and_follow_streams_until_the_end(node: dict[str, Any]) -> None:
-    job = agent(
-        node["env"],
-        "launch",
-        "--job-dir",
-        str(node["dir"] / "j7"),
-        "--",
-        "sh",
-        "-c",
-        "echo one; sleep 0.5; echo two",
-    )
+    job = launch_sh(node, "j7", "echo one; sleep 0.5; echo two")
     # a follower stops at EOF on stdin (its SSH channel closed), so keep stdin open
     with subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "jupyter_gpusched.agent",
+            *AGENT,
             "log",
             "--file",
             job["log"],
@@ -327,9 +308,7 @@ def test_log_reads_from_an_offset_and_follow_streams_until_the_end(node: dict[st
     assert streamed == b"one\ntwo\n"
     part = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "jupyter_gpusched.agent",
+            *AGENT,
             "log",
             "--file",
             job["log"],
@@ -346,21 +325,10 @@ def test_log_reads_from_an_offset_and_follow_streams_until_the_end(node: dict[st
 
 
 def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
-    job = agent(
-        node["env"],
-        "launch",
-        "--job-dir",
-        str(node["dir"] / "j9"),
-        "--",
-        "sh",
-        "-c",
-        "echo started; sleep 30",
-    )
+    job = launch_sh(node, "j9", "echo started; sleep 30")
     closed = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "jupyter_gpusched.agent",
+            *AGENT,
             "log",
             "--file",
             job["log"],
