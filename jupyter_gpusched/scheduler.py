@@ -100,6 +100,7 @@ class Scheduler:
         self._positions: dict[int, int] = {}
         # How long a node stays kept for the job batch jobs were moved off it for.
         self.claim_ttl_s = 900.0
+        self._no_move: tuple[Any, ...] | None = None  # the last situation no move paid in
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.stop_grace_s = 10.0
@@ -376,10 +377,17 @@ class Scheduler:
         """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
         now = self.clock.now()
         running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        # A move that did not pay only gets dearer with time (less idle time left to save,
+        # more work since the checkpoints): search again only once something changed.
+        marks = frozenset((j.id, j.handle.get("checkpoint_at")) for j in running)
+        key = (job.id, marks, hash((state.gm.tobytes(), state.node_up.tobytes())))
+        if key == self._no_move:
+            return None
         plan = moves.plan_migration(
             state, job, running, now, head.start, window=window, packer_policy=self.packer_policy
         )
         if plan is None:
+            self._no_move = key
             return None
         # Kept in the store, so a restart in the middle of the move still keeps the node.
         until = now + timedelta(seconds=self.claim_ttl_s)
