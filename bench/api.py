@@ -25,10 +25,10 @@ from pathlib import Path
 
 from _server import TOKEN, start_server
 
-from jupyter_gpusched.client import GpuSchedClient
-from jupyter_gpusched.clock import SystemClock
-from jupyter_gpusched.models import JobState, parse_spec
-from jupyter_gpusched.store import Store
+from jupyter_gpusched.client.api import GpuSchedClient
+from jupyter_gpusched.core.clock import SystemClock
+from jupyter_gpusched.core.models import JobState, parse_spec
+from jupyter_gpusched.store.store import Store
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 

@@ -45,7 +45,7 @@ def connect_direct(url: str) -> object:
     """A client of the warm lease's remote kernel, as the magic gets it from the API."""
     from jupyter_client import BlockingKernelClient
 
-    from jupyter_gpusched.client import GpuSchedClient
+    from jupyter_gpusched.client.api import GpuSchedClient
 
     client = GpuSchedClient(url, TOKEN)
     (lease,) = client.leases()

@@ -32,8 +32,8 @@ default policy, as the scheduler calls it; 16 CPUs and 128 GB per GPU so only GP
 * ``fifo``: one queue in submission order; the head blocks everything behind it.
 * ``static``: node 0 only for interactive leases, nodes 1-3 only for batch; each partition
   starts jobs in submission order, skipping those that do not fit.
-* ``time-of-day``: ``jupyter_gpusched.policy`` under the default windows of
-  ``jupyter_gpusched.windows`` (day Mon-Fri 08:00-20:00: 25 % reserved for leases, at
+* ``time-of-day``: ``jupyter_gpusched.core.policy`` under the default windows of
+  ``jupyter_gpusched.core.windows`` (day Mon-Fri 08:00-20:00: 25 % reserved for leases, at
   most 75 % interactive, batch started by day stopped after 4 h, preemption for leases;
   night: no batch limit). Per pass:
   ``resolve_window`` -> ``fair_share_usage`` -> ``order_queue`` -> ``admit`` -> placement;
@@ -61,11 +61,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpusched import packer  # noqa: E402
-from jupyter_gpusched import policy as P  # noqa: E402
-from jupyter_gpusched import windows as W  # noqa: E402
-from jupyter_gpusched.inventory import pack_request  # noqa: E402
-from jupyter_gpusched.models import Job, JobKind, JobSpec  # noqa: E402
+from jupyter_gpusched.core import policy as P  # noqa: E402
+from jupyter_gpusched.core import windows as W  # noqa: E402
+from jupyter_gpusched.core.models import Job, JobKind, JobSpec  # noqa: E402
+from jupyter_gpusched.packing import packer  # noqa: E402
+from jupyter_gpusched.packing.inventory import pack_request  # noqa: E402
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)  # a Monday
 HOUR = 3600.0

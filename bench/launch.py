@@ -40,9 +40,9 @@ from _fixtures_ssh import (  # noqa: E402
     running_sshd,
 )
 
-from jupyter_gpusched.clock import SystemClock  # noqa: E402
-from jupyter_gpusched.models import Job, JobSpec, Placement  # noqa: E402
-from jupyter_gpusched.ssh import NodeConfig, SshBackend  # noqa: E402
+from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend  # noqa: E402
+from jupyter_gpusched.core.clock import SystemClock  # noqa: E402
+from jupyter_gpusched.core.models import Job, JobSpec, Placement  # noqa: E402
 
 
 def _row(name: str, samples_s: list[float]) -> str:
@@ -130,7 +130,10 @@ async def main(argv: list[str] | None = None) -> int:
     state.write_text(json.dumps(gpu_state(2)))
     server = InProcessSshServer(
         directory,
-        env={"GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim", "GPUSCHED_SIM_STATE": str(state)},
+        env={
+            "GPUSCHED_NVML_MODULE": "jupyter_gpusched.cluster.sim.nvml",
+            "GPUSCHED_SIM_STATE": str(state),
+        },
     )
     await server.start()
     try:

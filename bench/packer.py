@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jupyter_gpusched.packer import MILLI, POLICIES, NodeShape, PackRequest
-from jupyter_gpusched.simulate import (
+from jupyter_gpusched.packing.packer import MILLI, POLICIES, NodeShape, PackRequest
+from jupyter_gpusched.packing.simulate import (
     NODES_FILE,
     WHERE_TO_GET,
     inflate,

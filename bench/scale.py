@@ -18,7 +18,13 @@ import tracemalloc
 
 import numpy as np
 
-from jupyter_gpusched.packer import ClusterState, NodeShape, PackRequest, ShapeMix, pack_many
+from jupyter_gpusched.packing.packer import (
+    ClusterState,
+    NodeShape,
+    PackRequest,
+    ShapeMix,
+    pack_many,
+)
 
 #: request shapes and their frequencies: mostly one GPU or a share, some multi-GPU and CPU jobs
 SHAPES = [

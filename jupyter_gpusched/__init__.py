@@ -38,4 +38,4 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """Where jupyter_server finds the extension app (imported only when the server loads it)."""
     from .extension import GpuSchedApp
 
-    return [{"module": "jupyter_gpusched.extension", "app": GpuSchedApp}]
+    return [{"module": "jupyter_gpusched.server.app", "app": GpuSchedApp}]

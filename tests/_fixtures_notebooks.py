@@ -15,14 +15,14 @@ from typing import Any
 import nbformat
 import pytest_asyncio
 
-from jupyter_gpusched import windows
-from jupyter_gpusched.clock import ManualClock, SystemClock
-from jupyter_gpusched.models import Job, JobState
-from jupyter_gpusched.notebooks import NotebookPlugin, build_submission, parse_request
-from jupyter_gpusched.scheduler import Scheduler
-from jupyter_gpusched.sim import SimCluster, SimNodeSpec
-from jupyter_gpusched.ssh import SshBackend
-from jupyter_gpusched.store import Store
+from jupyter_gpusched.batch.notebooks import NotebookPlugin, build_submission, parse_request
+from jupyter_gpusched.cluster.sim.cluster import SimCluster, SimNodeSpec
+from jupyter_gpusched.cluster.ssh import SshBackend
+from jupyter_gpusched.core import windows
+from jupyter_gpusched.core.clock import ManualClock, SystemClock
+from jupyter_gpusched.core.models import Job, JobState
+from jupyter_gpusched.scheduling.scheduler import Scheduler
+from jupyter_gpusched.store.store import Store
 
 MONDAY_9AM = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 NODES = (

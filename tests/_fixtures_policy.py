@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jupyter_gpusched.models import Job, JobKind, JobSpec, JobState, Placement, PriorityClass
+from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, Placement, PriorityClass
 
 T0 = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)  # Monday 09:00 UTC, like the clock
 

@@ -37,7 +37,7 @@ from tornado.httpclient import HTTPClientError, HTTPResponse
 from traitlets.config import Config
 
 OPENAPI = yaml.safe_load(
-    resources.files("jupyter_gpusched").joinpath("openapi.yaml").read_text("utf-8")
+    resources.files("jupyter_gpusched.server").joinpath("openapi.yaml").read_text("utf-8")
 )
 _REGISTRY = Registry().with_resource(
     "urn:openapi", Resource.from_contents(OPENAPI, default_specification=DRAFT202012)

@@ -1,10 +1,9 @@
 """SSH peers for the backend tests: an in-process asyncssh server and Debian's real sshd.
 
 Both run commands as real local processes (the GPU is the only thing simulated: a JSON state
-file read by ``jupyter_gpusched.nvml_sim`` or by ``tests/data/fake-nvidia-smi``). Every process
-a test starts carries ``GPUSCHED_TEST_RUN=<token>`` in its environment, so teardown kills
-exactly those by pid and nothing else.
-"""
+file read by ``jupyter_gpusched.cluster.sim.nvml`` or by ``tests/data/fake-nvidia-smi``). Every
+process a test starts carries ``GPUSCHED_TEST_RUN=<token>`` in its environment, so teardown
+kills exactly those by pid and nothing else."""
 
 from __future__ import annotations
 
@@ -29,10 +28,10 @@ from typing import Any
 import asyncssh
 
 import jupyter_gpusched
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.cluster import JobStatus
-from jupyter_gpusched.models import Job, JobSpec, Placement
-from jupyter_gpusched.ssh import NodeConfig, SshBackend
+from jupyter_gpusched.cluster.base import JobStatus
+from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.models import Job, JobSpec, Placement
 
 REPO_ROOT = Path(jupyter_gpusched.__file__).resolve().parent.parent
 FAKE_NVIDIA_SMI = Path(__file__).resolve().parent / "data" / "fake-nvidia-smi"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpusched.clock import ManualClock
+from jupyter_gpusched.core.clock import ManualClock
 
 pytest_plugins = ["_fixtures_postgres", "_fixtures_server", "_fixtures_live_server"]
 

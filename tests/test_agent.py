@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from _fixtures_ssh import REPO_ROOT, fake_gpu_bin, gpu_state, kill_marked
 
-from jupyter_gpusched.agent import short_model
+from jupyter_gpusched.node.agent import short_model
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
     kill_marked(token)
 
 
-AGENT = [sys.executable, "-m", "jupyter_gpusched.agent"]
+AGENT = [sys.executable, "-m", "jupyter_gpusched.node.agent"]
 
 
 def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
@@ -103,7 +103,7 @@ def test_probe_through_simulated_nvml(node: dict[str, Any]) -> None:
     node["state"].write_text(json.dumps(gpu_state(4, foreign)))
     env = {
         **node["env"],
-        "GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim",
+        "GPUSCHED_NVML_MODULE": "jupyter_gpusched.cluster.sim.nvml",
         "GPUSCHED_SIM_STATE": str(node["state"]),
     }
     answer = agent(env, "probe")

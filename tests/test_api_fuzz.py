@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 
 pytestmark = pytest.mark.slow
 
-SPEC_PATH = Path(str(resources.files("jupyter_gpusched").joinpath("openapi.yaml")))
+SPEC_PATH = Path(str(resources.files("jupyter_gpusched.server").joinpath("openapi.yaml")))
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpusched.client import GpuSchedClient
+from jupyter_gpusched.client.api import GpuSchedClient
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 

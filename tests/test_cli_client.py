@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpusched import cli
-from jupyter_gpusched.cli_client import format_cluster
-from jupyter_gpusched.client import ApiError, GpuSchedClient, find_server
+from jupyter_gpusched.cli import app as cli
+from jupyter_gpusched.cli.jobs import format_cluster
+from jupyter_gpusched.client.api import ApiError, GpuSchedClient, find_server
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 

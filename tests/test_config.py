@@ -10,9 +10,14 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
-from jupyter_gpusched.config import GpuSchedPolicy, parse_days, window_from_dict, window_to_dict
-from jupyter_gpusched.policy_cli import load_config
-from jupyter_gpusched.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
+from jupyter_gpusched.cli.policy import load_config
+from jupyter_gpusched.core.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
+from jupyter_gpusched.server.config import (
+    GpuSchedPolicy,
+    parse_days,
+    window_from_dict,
+    window_to_dict,
+)
 
 
 def policy_from(**traits: Any) -> PolicyConfig:

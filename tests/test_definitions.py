@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from _fixtures_notebooks import NbHarness, nb_harness, nb_sim, write_notebook
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.definitions import Definitions, fire_times, next_fire_time
-from jupyter_gpusched.exceptions import ForbiddenError, InvalidSpecError, NotFoundError
-from jupyter_gpusched.models import JobSpec, JobState
-from jupyter_gpusched.store import Store
+from jupyter_gpusched.batch.definitions import Definitions, fire_times, next_fire_time
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.models import JobSpec, JobState
+from jupyter_gpusched.store.store import Store
 
 __all__ = ["nb_harness", "nb_sim"]  # fixtures
 
@@ -296,7 +296,7 @@ async def test_a_definition_fires_from_the_scheduler_tick_and_its_notebook_runs(
     nb_harness: NbHarness,
 ) -> None:
     write_notebook(nb_harness.root / "nightly.ipynb", ["print(when)"], parameters="when = ''")
-    from jupyter_gpusched.notebooks import build_submission, parse_request
+    from jupyter_gpusched.batch.notebooks import build_submission, parse_request
 
     sub = build_submission(
         parse_request(

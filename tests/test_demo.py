@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from jupyter_gpusched.demo import run_demo
+from jupyter_gpusched.cli.demo import run_demo
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from jupyter_gpusched.magics import _waiting_line, discover
+from jupyter_gpusched.client.magics import _waiting_line, discover
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
@@ -53,7 +53,7 @@ CELLS = {
     "after_interrupt": "%%gpu\nprint('still here:', x)",
     # the lease ends behind the notebook's back, as an idle reclaim would end it
     "reclaim": (
-        "from jupyter_gpusched.client import GpuSchedClient\n"
+        "from jupyter_gpusched.client.api import GpuSchedClient\n"
         "client = GpuSchedClient.discover()\n"
         "for held in client.leases():\n    client.release(held['id'])"
     ),
@@ -391,8 +391,8 @@ def test_importing_the_server_extension_does_not_import_ipython() -> None:
     import sys
 
     code = (
-        "import sys, jupyter_gpusched, jupyter_gpusched.extension, "
-        "jupyter_gpusched.handlers, jupyter_gpusched.scheduler; "
+        "import sys, jupyter_gpusched, jupyter_gpusched.server.app, "
+        "jupyter_gpusched.server.handlers.base, jupyter_gpusched.scheduling.scheduler; "
         "print('IPython' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

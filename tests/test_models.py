@@ -4,8 +4,8 @@ from datetime import datetime
 
 import pytest
 
-from jupyter_gpusched.exceptions import IllegalTransitionError, InvalidSpecError
-from jupyter_gpusched.models import (
+from jupyter_gpusched.core.errors import IllegalTransitionError, InvalidSpecError
+from jupyter_gpusched.core.models import (
     TERMINAL_STATES,
     TRANSITIONS,
     JobKind,

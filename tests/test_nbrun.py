@@ -11,12 +11,12 @@ from pathlib import Path
 
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
 
-from jupyter_gpusched.nbrun import first_line, parse_progress, progress_line
+from jupyter_gpusched.node.nbrun import first_line, parse_progress, progress_line
 
 
 def nbrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpusched.nbrun", *args],
+        [sys.executable, "-m", "jupyter_gpusched.node.nbrun", *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -18,10 +18,7 @@ from _fixtures_notebooks import (
     write_notebook,
 )
 
-from jupyter_gpusched import windows
-from jupyter_gpusched.exceptions import InvalidSpecError, NotFoundError
-from jupyter_gpusched.models import Job, JobState, parse_spec
-from jupyter_gpusched.notebooks import (
+from jupyter_gpusched.batch.notebooks import (
     NotebookPlugin,
     build_submission,
     next_batch_window,
@@ -29,6 +26,9 @@ from jupyter_gpusched.notebooks import (
     parse_request,
     resolve_at,
 )
+from jupyter_gpusched.core import windows
+from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.models import Job, JobState, parse_spec
 
 __all__ = ["nb_harness", "nb_sim"]  # fixtures
 
@@ -272,7 +272,7 @@ def test_the_command_runs_nbrun_on_the_staged_copy_with_json_parameters() -> Non
     assert notebook_command(job, python="/opt/py/bin/python") == [
         "/opt/py/bin/python",
         "-m",
-        "jupyter_gpusched.nbrun",
+        "jupyter_gpusched.node.nbrun",
         "a b.ipynb",
         "--output",
         "a b.gpusched-out.ipynb",

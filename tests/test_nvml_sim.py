@@ -15,7 +15,7 @@ from types import ModuleType
 import pynvml
 import pytest
 
-from jupyter_gpusched import nvml_sim
+from jupyter_gpusched.cluster.sim import nvml as nvml_sim
 
 MIB = 1024 * 1024
 

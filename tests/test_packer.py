@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jupyter_gpusched.exceptions import InvalidSpecError
-from jupyter_gpusched.fragmentation import slot_value
-from jupyter_gpusched.packer import (
+from jupyter_gpusched.core.errors import InvalidSpecError
+from jupyter_gpusched.packing.fragmentation import slot_value
+from jupyter_gpusched.packing.packer import (
     POLICIES,
     ClusterState,
     NodeShape,

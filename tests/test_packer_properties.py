@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpusched import fragmentation
-from jupyter_gpusched.packer import (
+from jupyter_gpusched.packing import fragmentation
+from jupyter_gpusched.packing.packer import (
     POLICIES,
     ClusterState,
     NodeShape,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from _fixtures_policy import T0, make_job
 
-from jupyter_gpusched import policy_cli
-from jupyter_gpusched.models import JobState
-from jupyter_gpusched.policy import (
+from jupyter_gpusched.cli import policy as policy_cli
+from jupyter_gpusched.core.models import JobState
+from jupyter_gpusched.core.policy import (
     AdmissionContext,
     Migration,
     PreemptCandidate,
@@ -32,7 +32,7 @@ from jupyter_gpusched.policy import (
     order_queue,
     reserved_start,
 )
-from jupyter_gpusched.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
+from jupyter_gpusched.core.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
 
 UTC = UTC
 DAY, NIGHT = DEFAULT_WINDOWS

@@ -10,7 +10,7 @@ from _fixtures_policy import T0, make_job
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpusched.policy import (
+from jupyter_gpusched.core.policy import (
     PreemptCandidate,
     Release,
     UsageRecord,
@@ -22,7 +22,7 @@ from jupyter_gpusched.policy import (
     preemption_cost_gpu_s,
     reserved_start,
 )
-from jupyter_gpusched.windows import Window
+from jupyter_gpusched.core.windows import Window
 
 queued_jobs = st.lists(
     st.builds(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from jupyter_gpusched.config import GpuSchedPolicy
-from jupyter_gpusched.extension import GpuSchedApp
+from jupyter_gpusched.server.app import GpuSchedApp
+from jupyter_gpusched.server.config import GpuSchedPolicy
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from jupyter_gpusched import windows
-from jupyter_gpusched.clock import ManualClock, SystemClock
-from jupyter_gpusched.exceptions import ConflictError, ForbiddenError, InfeasibleError
-from jupyter_gpusched.models import Job, JobKind, JobState, parse_spec
-from jupyter_gpusched.policy import PreemptCandidate, preemption_cost_gpu_s
-from jupyter_gpusched.scheduler import Scheduler
-from jupyter_gpusched.sim import SimCluster, SimNodeSpec
-from jupyter_gpusched.ssh import SshBackend
-from jupyter_gpusched.store import Store
+from jupyter_gpusched.cluster.sim.cluster import SimCluster, SimNodeSpec
+from jupyter_gpusched.cluster.ssh import SshBackend
+from jupyter_gpusched.core import windows
+from jupyter_gpusched.core.clock import ManualClock, SystemClock
+from jupyter_gpusched.core.errors import ConflictError, ForbiddenError, InfeasibleError
+from jupyter_gpusched.core.models import Job, JobKind, JobState, parse_spec
+from jupyter_gpusched.core.policy import PreemptCandidate, preemption_cost_gpu_s
+from jupyter_gpusched.scheduling.scheduler import Scheduler
+from jupyter_gpusched.store.store import Store
 
 PY = sys.executable
 MONDAY_9AM = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)

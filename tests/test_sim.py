@@ -19,11 +19,16 @@ import asyncssh
 import pytest
 import pytest_asyncio
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.exceptions import InvalidSpecError, NotFoundError
-from jupyter_gpusched.models import Job, JobKind, JobSpec, Placement
-from jupyter_gpusched.sim import DEFAULT_SIM_NODES, SimCluster, SimNodeSpec, gpu_state
-from jupyter_gpusched.ssh import SshBackend
+from jupyter_gpusched.cluster.sim.cluster import (
+    DEFAULT_SIM_NODES,
+    SimCluster,
+    SimNodeSpec,
+    gpu_state,
+)
+from jupyter_gpusched.cluster.ssh import SshBackend
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.models import Job, JobKind, JobSpec, Placement
 
 # A node that echoes one TCP connection / one unix-socket connection, printing where it listens.
 TCP_ECHO = """
@@ -169,7 +174,7 @@ async def test_command_really_runs_with_the_node_environment(sim: SimCluster) ->
 
     home = sim.node_dir("v100-0") / "home"
     assert done.exit_status == 3
-    assert done.stdout == f"v100-0 {home} jupyter_gpusched.nvml_sim bar\n"
+    assert done.stdout == f"v100-0 {home} jupyter_gpusched.cluster.sim.nvml bar\n"
     assert done.stderr == "oops\n"
     assert where.stdout.split() == [str(home), str(sim.state_path("v100-0"))]
 
@@ -438,7 +443,7 @@ async def test_agent_probe_over_ssh_reports_the_simulated_gpus(sim: SimCluster) 
     probes = {}
     for node in ("a100-0", "t4-0"):
         async with connect(sim, node) as conn:
-            line = run_line(sys.executable, "-m", "jupyter_gpusched.agent", "probe")
+            line = run_line(sys.executable, "-m", "jupyter_gpusched.node.agent", "probe")
             done = await conn.run(line, check=True, stdin=asyncssh.DEVNULL)
         probes[node] = json.loads(done.stdout)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpusched.cli import main as cli_main
-from jupyter_gpusched.packer import NodeShape, PackRequest
-from jupyter_gpusched.simulate import inflate, load_nodes, load_tasks, replay
+from jupyter_gpusched.cli.app import main as cli_main
+from jupyter_gpusched.packing.packer import NodeShape, PackRequest
+from jupyter_gpusched.packing.simulate import inflate, load_nodes, load_tasks, replay
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb"
 needs_data = pytest.mark.skipif(

@@ -23,11 +23,11 @@ from _fixtures_ssh import (
     script_job,
 )
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.cluster import GpuProcess
-from jupyter_gpusched.exceptions import BackendError, HostKeyError
-from jupyter_gpusched.models import Placement
-from jupyter_gpusched.ssh import NodeConfig, SshBackend
+from jupyter_gpusched.cluster.base import GpuProcess
+from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.errors import BackendError, HostKeyError
+from jupyter_gpusched.core.models import Placement
 
 UUIDS = [g["uuid"] for g in gpu_state(4)["gpus"]]
 
@@ -38,7 +38,10 @@ async def server(tmp_path: Path) -> AsyncIterator[InProcessSshServer]:
     state.write_text(json.dumps(gpu_state(4)))
     srv = InProcessSshServer(
         tmp_path,
-        env={"GPUSCHED_NVML_MODULE": "jupyter_gpusched.nvml_sim", "GPUSCHED_SIM_STATE": str(state)},
+        env={
+            "GPUSCHED_NVML_MODULE": "jupyter_gpusched.cluster.sim.nvml",
+            "GPUSCHED_SIM_STATE": str(state),
+        },
     )
     await srv.start()
     yield srv

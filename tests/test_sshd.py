@@ -28,10 +28,10 @@ from _fixtures_ssh import (
     world_readable_dir,
 )
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.exceptions import HostKeyError
-from jupyter_gpusched.models import Job, Placement
-from jupyter_gpusched.ssh import SshBackend
+from jupyter_gpusched.cluster.ssh import SshBackend
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.errors import HostKeyError
+from jupyter_gpusched.core.models import Job, Placement
 
 pytestmark = [
     pytest.mark.sshd,

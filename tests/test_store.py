@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.exceptions import (
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.errors import (
     ConflictError,
     IllegalTransitionError,
     InvalidSpecError,
     NotFoundError,
 )
-from jupyter_gpusched.models import (
+from jupyter_gpusched.core.models import (
     TRANSITIONS,
     JobKind,
     JobSpec,
@@ -23,7 +23,7 @@ from jupyter_gpusched.models import (
     Placement,
     PriorityClass,
 )
-from jupyter_gpusched.store import Store
+from jupyter_gpusched.store.store import Store
 
 S = JobState
 
@@ -412,7 +412,7 @@ def test_default_url_is_a_sqlite_file_in_the_jupyter_data_dir(
 
 
 def test_plain_postgresql_urls_use_psycopg3() -> None:
-    from jupyter_gpusched.store import normalize_url
+    from jupyter_gpusched.store.store import normalize_url
 
     assert normalize_url("postgresql://u:p@db/x") == "postgresql+psycopg://u:p@db/x"
     assert normalize_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

@@ -22,10 +22,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 
-from jupyter_gpusched import definitions, notebooks  # noqa: F401  (their tables join Base)
-from jupyter_gpusched.clock import ManualClock, SystemClock
-from jupyter_gpusched.exceptions import ConflictError, IllegalTransitionError
-from jupyter_gpusched.models import (
+from jupyter_gpusched.batch import (
+    definitions,  # noqa: F401  (their tables join Base)
+    notebooks,  # noqa: F401  (their tables join Base)
+)
+from jupyter_gpusched.core.clock import ManualClock, SystemClock
+from jupyter_gpusched.core.errors import ConflictError, IllegalTransitionError
+from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     TRANSITIONS,
@@ -33,8 +36,8 @@ from jupyter_gpusched.models import (
     JobState,
     Placement,
 )
-from jupyter_gpusched.orm import Base, EventRow, JobRow, UsageRow
-from jupyter_gpusched.store import VERSION_TABLE, Store, alembic_config
+from jupyter_gpusched.store.orm import Base, EventRow, JobRow, UsageRow
+from jupyter_gpusched.store.store import VERSION_TABLE, Store, alembic_config
 
 ROUNDS = 3
 WRITERS = 2

@@ -11,10 +11,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
-from jupyter_gpusched.clock import ManualClock
-from jupyter_gpusched.models import JobSpec, JobState
-from jupyter_gpusched.orm import Base
-from jupyter_gpusched.store import VERSION_TABLE, Store, alembic_config
+from jupyter_gpusched.core.clock import ManualClock
+from jupyter_gpusched.core.models import JobSpec, JobState
+from jupyter_gpusched.store.orm import Base
+from jupyter_gpusched.store.store import VERSION_TABLE, Store, alembic_config
 
 TABLES = {"jobs", "events", "usage", "nodes"}
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpusched.client import GpuSchedClient
-from jupyter_gpusched.widgets import COLOURS, ClusterMap
+from jupyter_gpusched.client.api import GpuSchedClient
+from jupyter_gpusched.client.widgets import COLOURS, ClusterMap
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api  # noqa: E402

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from _fixtures_policy import T0
 
-from jupyter_gpusched.windows import (
+from jupyter_gpusched.core.windows import (
     DEFAULT_WINDOWS,
     OPEN_WINDOW,
     PolicyConfig,

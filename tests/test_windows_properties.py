@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpusched.windows import OPEN_WINDOW, PolicyConfig, Window, resolve_window
+from jupyter_gpusched.core.windows import OPEN_WINDOW, PolicyConfig, Window, resolve_window
 
 UTC = UTC
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]

@@ -1,6 +1,6 @@
 /**
  * Progress lines in a notebook job's log (`##gpusched-progress {json}`, written by
- * `jupyter_gpusched.nbrun`): the log view shows them as one status line, not as raw text.
+ * `jupyter_gpusched.node.nbrun`): the log view shows them as one status line, not as raw text.
  */
 
 export const PROGRESS_MARK = '##gpusched-progress ';

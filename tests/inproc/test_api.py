@@ -324,7 +324,7 @@ async def test_openapi_file_is_served_and_parses(gpusched: ApiClient):
 
 
 def test_openapi_job_spec_lists_every_model_field():
-    from jupyter_gpusched.models import JobSpec
+    from jupyter_gpusched.core.models import JobSpec
 
     schemas = OPENAPI["components"]["schemas"]
     assert set(schemas["JobSpec"]["properties"]) == set(JobSpec.model_fields)
@@ -354,7 +354,7 @@ def test_server_tells_its_kernels_where_it_is(gpusched: ApiClient, jp_serverapp:
 def test_bad_config_is_refused_quoting_the_value(trait: str, value: Any, hint: str):
     from traitlets import TraitError
 
-    from jupyter_gpusched.extension import GpuSchedApp
+    from jupyter_gpusched.server.app import GpuSchedApp
 
     with pytest.raises(TraitError, match=re.escape(hint)):
         GpuSchedApp(**{trait: value})

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from _fixtures_server import conforms
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from jupyter_gpusched.kernels import PORT_KEYS, connection_file_name, lease_command
-from jupyter_gpusched.models import Job, JobSpec
+from jupyter_gpusched.core.models import Job, JobSpec
+from jupyter_gpusched.leases.bridge import PORT_KEYS, connection_file_name, lease_command
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -64,7 +64,7 @@ def test_a_lease_runs_this_module_as_a_kernel_writing_its_connection_file_by_job
     assert lease_command(job, "/opt/py/bin/python") == [
         "/opt/py/bin/python",
         "-m",
-        "jupyter_gpusched.kernels",
+        "jupyter_gpusched.leases.bridge",
         "kernel",
         "--connection-file",
         "kernel-7.2.json",

@@ -239,7 +239,7 @@ def cli(server: Any, *args: str) -> Any:
         [
             sys.executable,
             "-m",
-            "jupyter_gpusched.cli",
+            "jupyter_gpusched.cli.app",
             *args,
             "--url",
             server.url,

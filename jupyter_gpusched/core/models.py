@@ -1,0 +1,294 @@
+"""Job model: what a user asks for (``JobSpec``), what the scheduler knows (``Job``).
+
+Pydantic models apart from database rows; the store maps rows to these.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import IllegalTransitionError, InvalidSpecError
+
+
+class JobKind(StrEnum):
+    """What runs: an interactive lease (remote kernel), a script, or a whole notebook."""
+
+    LEASE = "lease"
+    SCRIPT = "script"
+    NOTEBOOK = "notebook"
+
+
+class PriorityClass(StrEnum):
+    """Interactive work is served first by day; batch fills the cluster by night."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class JobState(StrEnum):
+    """Life of a job; see ``TRANSITIONS`` for the allowed moves."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+
+
+#: The state machine. ``preempted`` and ``lost`` lead back to ``queued`` (requeue); ``lost``
+#: may also be reconciled when its node comes back and the job turns out alive or finished.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.STARTING, JobState.CANCELLED}),
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.LOST, JobState.QUEUED}
+    ),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.PREEMPTED,
+            JobState.LOST,
+        }
+    ),
+    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.LOST: frozenset(
+        {JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
+"""States in which a job holds GPUs."""
+
+TERMINAL_STATES = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+
+def check_transition(from_state: JobState, to_state: JobState, job_id: int | None = None) -> None:
+    """Raise :class:`IllegalTransitionError` unless ``from_state -> to_state`` is allowed."""
+    if to_state not in TRANSITIONS[from_state]:
+        raise IllegalTransitionError(job_id, from_state.value, to_state.value)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|)\s*$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
+
+
+def parse_size_gb(text: str | float | int) -> float:
+    """Read ``16G``, ``16GB``, ``512M``, ``1.5T`` or a bare number of GB."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size; write it like 16G, 512M or 24")
+    value, unit = float(m.group(1)), m.group(2).lower()[:1]
+    return value * {"": 1.0, "k": 1 / 1024**2, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[unit]
+
+
+def parse_duration_s(text: str | float | int) -> float:
+    """Read ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` or a bare number of seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    stripped = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
+        return float(stripped)
+    parts = _DURATION_RE.findall(stripped)
+    if not parts or _DURATION_RE.sub("", stripped).strip():
+        raise ValueError(f"{text!r} is not a duration; write it like 90s, 15m, 2h or 1h30m")
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(v) * mult[u.lower()] for v, u in parts)
+
+
+class JobSpec(BaseModel):
+    """What a user asks for. Validated on construction; see :func:`parse_spec`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: JobKind = Field(description="lease (interactive cells), script or notebook")
+    name: str | None = Field(None, max_length=200, description="free-form display name")
+    command: list[str] | None = Field(
+        None, description="argv of a script job, e.g. ['python', 'train.py', '--lr', '0.1']"
+    )
+    notebook: str | None = Field(None, description="path of the notebook of a notebook job")
+    parameters: dict[str, Any] = Field(
+        default_factory=dict, description="papermill-style parameters of a notebook job"
+    )
+    kernel_name: str | None = Field(None, description="kernel of a notebook job")
+    gpus: int = Field(1, ge=0, le=64, description="number of GPUs, all on one node")
+    gpu_mem_gb: float | None = Field(
+        None, gt=0, le=1024, description="GPU memory needed on each GPU, in GB"
+    )
+    gpu_share: float | None = Field(
+        None, gt=0, le=1, description="share of one GPU (0-1]; below 1 the GPU may be shared"
+    )
+    cpus: float = Field(1.0, gt=0, le=1024, description="CPU cores")
+    mem_gb: float = Field(4.0, gt=0, le=16384, description="host memory in GB")
+    gpu_models: list[str] = Field(
+        default_factory=list, description="allowed GPU models, e.g. ['A100']; empty = any"
+    )
+    priority: PriorityClass | None = Field(
+        None, description="interactive or batch; default: interactive for leases, else batch"
+    )
+    user: str = Field("anonymous", min_length=1, max_length=200)
+    max_runtime_s: float | None = Field(None, gt=0, description="kill the job after this long")
+    not_before: datetime | None = Field(None, description="do not start before this time")
+    labels: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(None, description="working directory on the node")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    files: list[str] = Field(default_factory=list, description="files to stage onto the node")
+    retries: int = Field(0, ge=0, le=100, description="requeue this many times if lost")
+    lease_name: str | None = Field(None, max_length=200, description="name of a lease")
+
+    @field_validator("command")
+    @classmethod
+    def _command_nonempty(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not all(isinstance(a, str) for a in v) or not v[0]):
+            raise ValueError("must be a non-empty list of strings, e.g. ['python', 'train.py']")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("not_before")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
+        return v.astimezone(UTC) if v is not None else None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.kind is JobKind.SCRIPT and not self.command:
+            raise _FieldError("command", "a script job needs a command, e.g. ['python', 'x.py']")
+        if self.kind is JobKind.NOTEBOOK and not self.notebook:
+            raise _FieldError("notebook", "a notebook job needs the notebook's path")
+        if self.gpu_mem_gb is not None and self.gpu_share is not None:
+            raise _FieldError("gpu_share", "give gpu_mem_gb or gpu_share, not both")
+        if self.gpu_share is not None and self.gpu_share < 1 and self.gpus != 1:
+            raise _FieldError("gpus", "a fractional gpu_share needs gpus = 1")
+        if self.gpus == 0 and (self.gpu_share is not None or self.gpu_mem_gb is not None):
+            raise _FieldError("gpus", "gpu_share and gpu_mem_gb need gpus >= 1")
+        return self
+
+    @property
+    def priority_class(self) -> PriorityClass:
+        """The effective class: explicit, else interactive for leases and batch otherwise."""
+        if self.priority is not None:
+            return self.priority
+        return PriorityClass.INTERACTIVE if self.kind is JobKind.LEASE else PriorityClass.BATCH
+
+    @property
+    def share_per_gpu(self) -> float | None:
+        """Requested share of each GPU, when given as a share (memory requests are per node)."""
+        if self.gpu_share is not None:
+            return self.gpu_share
+        return None if self.gpu_mem_gb is not None else 1.0
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def parse_spec(data: dict[str, Any], **overrides: Any) -> JobSpec:
+    """Build a :class:`JobSpec` from JSON-like data, raising :class:`InvalidSpecError`.
+
+    The error names the first bad field and says what to fix, e.g. ``gpus: must be >= 0``.
+    """
+    if not isinstance(data, dict):
+        raise InvalidSpecError("body", "must be a JSON object describing the job")
+    try:
+        return JobSpec.model_validate({**data, **overrides})
+    except ValidationError as exc:
+        raise _to_invalid_spec(exc) from None
+
+
+def _to_invalid_spec(exc: ValidationError) -> InvalidSpecError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "body"
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _FieldError):
+        return InvalidSpecError(ctx_error.field, ctx_error.message)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field; check the spelling against the API documentation"
+    elif err["type"] == "missing":
+        msg = "is required"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return InvalidSpecError(loc, msg[0].lower() + msg[1:] if msg else "is invalid")
+
+
+class Placement(BaseModel):
+    """Where a job runs: one node and some of its GPUs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    gpu_indices: list[int] = Field(default_factory=list)
+    gpu_uuids: list[str] = Field(default_factory=list)
+    share_per_gpu: float = Field(1.0, description="share of each listed GPU the job holds")
+    gpu_mem_gb: float | None = Field(None, description="GPU memory reserved on each GPU, GB")
+
+
+class Job(BaseModel):
+    """A job as the scheduler knows it: the spec plus its life so far."""
+
+    id: int
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    held: bool = False
+    submitted_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_activity_at: datetime | None = None
+    placement: Placement | None = None
+    exit_code: int | None = None
+    reason: str | None = Field(None, description="why it waits, failed or was stopped")
+    attempt: int = 0
+    handle: dict[str, Any] = Field(
+        default_factory=dict, description="backend facts to find the job again (pid, pgid, ...)"
+    )
+
+    @property
+    def user(self) -> str:
+        """The job's owner."""
+        return self.spec.user
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU-seconds used so far (share-weighted), 0 when never started."""
+        if self.started_at is None or self.placement is None:
+            return 0.0
+        end = self.finished_at or self.last_activity_at or self.started_at
+        n = len(self.placement.gpu_indices) * self.placement.share_per_gpu
+        return max(0.0, (end - self.started_at).total_seconds()) * n
+
+
+class Event(BaseModel):
+    """One row of the audit log: every state change and notable action."""
+
+    id: int
+    at: datetime
+    job_id: int | None
+    kind: str = Field(description="submitted, state, updated, node, ...")
+    from_state: JobState | None = None
+    to_state: JobState | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)

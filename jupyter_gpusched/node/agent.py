@@ -1,0 +1,613 @@
+"""The node agent: ``python -m jupyter_gpusched.node.agent probe|launch|status|kill|log``.
+
+Runs on each GPU node over SSH, so it imports only the standard library (plus pynvml when the
+node has it) and may run under the node's system Python. Every subcommand prints one JSON
+object on stdout; errors print ``{"error": ...}`` and exit 1. ``log`` is the exception: it
+writes raw log bytes.
+
+A job runs under a small wrapper that is its own session leader (it survives the SSH channel
+and the scheduler), starts the job in a process group of its own (so cancelling the job never
+signals the wrapper) and records ``exit_code`` and ``ended_at`` in the job dir by atomic
+rename. ``exit_code`` is ``-N`` when the job died of signal ``N``, as in :mod:`subprocess`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC
+from typing import Any
+
+# subprocess, socket, csv, select and datetime are imported by the subcommands that use them:
+# every poll starts this module on the node, so its start-up time is paid on each call.
+
+#: Environment variable every job (and its children) carries; marks GPU processes as ours.
+JOB_ID_ENV = "GPUSCHED_JOB_ID"
+#: Where a job reports its checkpoints: it writes the Unix time of each finished checkpoint
+#: there (``jupyter_gpusched.checkpointed()``, or ``date +%s > "$GPUSCHED_CHECKPOINT_FILE"``),
+#: so stopping it (preemption, a move) is charged only the work since then.
+CHECKPOINT_ENV = "GPUSCHED_CHECKPOINT_FILE"
+
+_SMI_GPU_FIELDS = "index,uuid,name,memory.total,memory.used,utilization.gpu,power.draw,pci.bus_id"
+_SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
+
+
+class AgentError(Exception):
+    """A failure reported to the caller as ``{"error": message}``."""
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def short_model(name: str) -> str:
+    """Normalise a marketing GPU name to the short model the packer matches on.
+
+    ``"NVIDIA A100-SXM4-80GB"`` -> ``"A100-80GB"``, ``"Tesla V100-SXM2-32GB"`` -> ``"V100-32GB"``,
+    ``"NVIDIA GeForce RTX 4090"`` -> ``"RTX-4090"``, ``"Tesla T4"`` -> ``"T4"``.
+    """
+    words = name.replace("NVIDIA", " ").replace("Tesla", " ").replace("GeForce", " ").split()
+    parts = "-".join(words).split("-")
+    form_factors = re.compile(r"^(SXM\d*|PCIE|PCIe|NVL|HBM\d*e?|MIG.*)$", re.IGNORECASE)
+    kept = [p for p in parts if p and not form_factors.match(p)]
+    return "-".join(kept) or name.strip()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _proc_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _job_id_of(pid: int) -> int | None:
+    """The gpusched job a process belongs to, from its environment; None = foreign or unknown.
+
+    Another user's processes cannot be read, which rightly makes them foreign.
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = JOB_ID_ENV.encode() + b"="
+    for item in env:
+        if item.startswith(prefix):
+            try:
+                return int(item[len(prefix) :])
+            except ValueError:
+                return None
+    return None
+
+
+def _process(pid: int, used_mem_mb: float, name: str = "") -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "used_mem_mb": used_mem_mb,
+        "name": name or _proc_name(pid),
+        "job_id": _job_id_of(pid),
+    }
+
+
+def _probe_nvml(module_name: str) -> list[dict[str, Any]]:
+    """GPUs through NVML; raises ImportError or the module's NVMLError when unavailable."""
+    import importlib
+
+    nv = importlib.import_module(module_name)
+    nv.nvmlInit()
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        bus_ids = [_text(nv.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+        gpus = []
+        for index, h in enumerate(handles):
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:
+                power_w: float | None = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+            except nv.NVMLError:
+                power_w = None
+            try:
+                util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            except nv.NVMLError:
+                util = 0.0
+            peers: set[int] = set()
+            for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                try:
+                    if not nv.nvmlDeviceGetNvLinkState(h, link):
+                        continue
+                    remote = _text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()
+                except nv.NVMLError:
+                    # links that do not exist or GPUs without NVLink answer with an error
+                    continue
+                if remote in bus_ids and bus_ids.index(remote) != index:
+                    peers.add(bus_ids.index(remote))
+            try:
+                running = nv.nvmlDeviceGetComputeRunningProcesses(h)
+            except nv.NVMLError:
+                running = []  # e.g. MIG parents; the GPU is still reported
+            procs = [_process(p.pid, (p.usedGpuMemory or 0) / 2**20) for p in running]
+            name = _text(nv.nvmlDeviceGetName(h))
+            gpus.append(
+                {
+                    "index": index,
+                    "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+                    "model": short_model(name),
+                    "mem_total_mb": mem.total / 2**20,
+                    "mem_used_mb": mem.used / 2**20,
+                    "util_pct": util,
+                    "power_w": power_w,
+                    "nvlink_peers": sorted(peers),
+                    "processes": procs,
+                }
+            )
+        return gpus
+    finally:
+        nv.nvmlShutdown()
+
+
+def _smi_number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def _smi_rows(args: list[str]) -> list[list[str]]:
+    import csv
+    import io
+    import subprocess
+
+    out = subprocess.run(
+        ["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return [[c.strip() for c in row] for row in csv.reader(io.StringIO(out)) if row]
+
+
+def _smi_nvlink_peers() -> dict[int, set[int]]:
+    """NVLink pairs from ``nvidia-smi topo -m`` (entries ``NV1``..``NV18``); empty if unknown."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    lines = [ln.split() for ln in out.splitlines() if ln.strip()]
+    if not lines:
+        return {}
+    columns = [c for c in lines[0] if re.fullmatch(r"GPU\d+", c)]
+    peers: dict[int, set[int]] = {}
+    for row in lines[1:]:
+        if not row or not re.fullmatch(r"GPU\d+", row[0]):
+            continue
+        me = int(row[0][3:])
+        for col, cell in zip(columns, row[1:], strict=False):
+            if re.fullmatch(r"NV\d+", cell):
+                peers.setdefault(me, set()).add(int(col[3:]))
+    return peers
+
+
+def _probe_smi() -> list[dict[str, Any]]:
+    """GPUs from ``nvidia-smi`` CSV; raises OSError when there is no nvidia-smi."""
+    rows = _smi_rows([f"--query-gpu={_SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"])
+    apps = _smi_rows([f"--query-compute-apps={_SMI_APP_FIELDS}", "--format=csv,noheader,nounits"])
+    peers = _smi_nvlink_peers()
+    gpus = []
+    for index, uuid, name, total, used, util, power, _bus in (r[:8] for r in rows):
+        procs = [
+            _process(int(pid), _smi_number(mem) or 0.0, os.path.basename(pname))
+            for gpu_uuid, pid, mem, pname in (a[:4] for a in apps)
+            if gpu_uuid == uuid
+        ]
+        gpus.append(
+            {
+                "index": int(index),
+                "uuid": uuid,
+                "model": short_model(name),
+                "mem_total_mb": _smi_number(total) or 0.0,
+                "mem_used_mb": _smi_number(used) or 0.0,
+                "util_pct": _smi_number(util) or 0.0,
+                "power_w": _smi_number(power),
+                "nvlink_peers": sorted(peers.get(int(index), ())),
+                "processes": procs,
+            }
+        )
+    return gpus
+
+
+def _mem_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def probe() -> dict[str, Any]:
+    """What this node has: NVML first, then nvidia-smi, else no GPUs (``source: none``)."""
+    import socket
+    import subprocess
+
+    configured = os.environ.get("GPUSCHED_NVML_MODULE")
+    source, gpus = "none", []
+    try:
+        gpus, source = _probe_nvml(configured or "pynvml"), "nvml"
+    except Exception as exc:  # noqa: BLE001 - any NVML failure means "try nvidia-smi"
+        if configured:
+            # a configured simulator that fails is a bug worth seeing, not a GPU-less node
+            raise AgentError(f"NVML module {configured!r} failed: {exc}") from None
+        try:
+            gpus, source = _probe_smi(), "nvidia-smi"
+        except (OSError, subprocess.SubprocessError, ValueError):
+            source, gpus = "none", []
+    host = {"cpus": float(os.cpu_count() or 1), "mem_gb": _mem_gb()}
+    simulated = getattr(sys.modules.get(configured or ""), "host_resources", None)
+    if source == "nvml" and simulated is not None:
+        host.update(simulated())  # a simulated node has its own CPU and memory sizes
+    return {
+        "hostname": socket.gethostname(),
+        "cpus": host["cpus"],
+        "mem_gb": host["mem_gb"],
+        "source": source,
+        "gpus": gpus,
+    }
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgrp, start time in clock ticks) from /proc/PID/stat, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    # after "pid (comm) ": field 3 is index 0, so field 5 -> [2], field 22 -> [19]
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _write_atomic(path: str, text: str, *, durable: bool = True) -> None:
+    """Write by rename so readers never see half a file; ``durable`` also survives a crash."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _now_iso() -> str:
+    from datetime import datetime
+
+    return datetime.now(UTC).isoformat()
+
+
+def _wrap(job_dir: str, argv: list[str], report_fd: int) -> int:
+    """Body of the wrapper process: run the job, report its pid, record how it ended."""
+    child = 0
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child:
+            try:
+                os.killpg(child, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    try:
+        # posix_spawn, not subprocess: it is on the submit -> start path and needs no import.
+        # The job gets a process group of its own: cancelling it must not hit the wrapper.
+        child = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0)
+    except OSError as exc:
+        print(f"gpusched: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        os.write(report_fd, json.dumps({"pgid": os.getpid()}).encode())
+        os.close(report_fd)
+        _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
+        _write_atomic(os.path.join(job_dir, "exit_code"), "127")
+        return 127
+    os.write(report_fd, json.dumps({"pgid": child}).encode())
+    os.close(report_fd)
+    _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475) while forwarding signals
+    code = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
+    _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
+    _write_atomic(os.path.join(job_dir, "exit_code"), str(code))
+    return 0
+
+
+def launch(
+    job_dir: str,
+    argv: list[str],
+    *,
+    cwd: str | None = None,
+    env: Sequence[str] = (),
+    gpus: str | None = None,
+    log: str | None = None,
+) -> dict[str, Any]:
+    """Start ``argv`` detached under the wrapper; return its pid, pgid, start time and log."""
+    if not argv:
+        raise AgentError("launch needs a command after --")
+    job_dir = os.path.abspath(os.path.expanduser(job_dir))
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    log_path = os.path.abspath(os.path.expanduser(log or os.path.join(job_dir, "output.log")))
+    run_dir = os.path.expanduser(cwd) if cwd else job_dir
+    if not os.path.isdir(run_dir):
+        raise AgentError(f"working directory {run_dir} does not exist on this node")
+    child_env = dict(os.environ)
+    # a detached kernel that sees JPY_PARENT_PID shuts itself down when that pid is gone
+    child_env.pop("JPY_PARENT_PID", None)
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AgentError(f"--env {item!r} is not KEY=VALUE")
+        child_env[key] = value
+    if gpus is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = gpus
+    child_env[CHECKPOINT_ENV] = os.path.join(job_dir, "checkpoint")
+    record = os.path.join(job_dir, "launch.json")
+    try:
+        os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        # Launch is idempotent per job dir: a scheduler that crashed after starting the job
+        # but before storing its pid gets the same job back instead of a second copy.
+        deadline = time.monotonic() + 10.0
+        while not os.path.exists(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        previous = _read(record)
+        if previous is None:
+            raise AgentError(f"{job_dir} holds a launch that never finished starting") from None
+        return {**json.loads(previous), "reused": True}
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the wrapper
+        try:
+            os.close(read_fd)
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.chdir(run_dir)
+            os.environ.clear()
+            os.environ.update(child_env)
+            os._exit(_wrap(job_dir, argv, write_fd))
+        except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
+            os._exit(126)
+    os.close(write_fd)
+    os.close(log_fd)
+    report = b""
+    while chunk := os.read(read_fd, 4096):
+        report += chunk
+    os.close(read_fd)
+    if not report:
+        raise AgentError("the job wrapper died before starting the job")
+    stat = _stat(pid)
+    answer = {
+        "pid": pid,
+        "pgid": json.loads(report)["pgid"],
+        "start_time": stat[2] if stat else None,
+        "job_dir": job_dir,
+        "log": log_path,
+    }
+    # not fsynced: it sits on the submit path (~10 ms per fsync here) and only matters for a
+    # repeated launch, which a node crash makes moot anyway
+    _write_atomic(record, json.dumps(answer), durable=False)
+    return {**answer, "reused": False}
+
+
+# --------------------------------------------------------------------------- status / kill
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def is_running(pid: int, start_time: int | None) -> bool:
+    """Alive, not a zombie, and not a recycled pid (start time must match)."""
+    stat = _stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_time is None or stat[2] == start_time
+
+
+def status(job_dir: str, pid: int, start_time: int | None) -> dict[str, Any]:
+    """Running, or ended with the wrapper's recorded exit code (null when nothing recorded)."""
+    job_dir = os.path.expanduser(job_dir)
+    code = _read(os.path.join(job_dir, "exit_code"))
+    if code is not None:
+        return {
+            "running": False,
+            "exit_code": int(code),
+            "ended_at": _read(os.path.join(job_dir, "ended_at")),
+        }
+    if is_running(pid, start_time):
+        return {"running": True, "exit_code": None, "ended_at": None}
+    # the wrapper may have written the files between our two looks
+    code = _read(os.path.join(job_dir, "exit_code"))
+    return {
+        "running": False,
+        "exit_code": int(code) if code is not None else None,
+        "ended_at": _read(os.path.join(job_dir, "ended_at")),
+    }
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any non-zombie process left in the group (``kill -0`` counts zombies, PID 1 leaves them)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def kill(pgid: int, grace_s: float, job_dir: str | None = None) -> dict[str, Any]:
+    """TERM the process group, KILL it after ``grace_s``; wait for the wrapper's record."""
+    if pgid <= 1:
+        raise AgentError(f"refusing to signal process group {pgid}")
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return {"terminated": False, "killed": False}
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = False
+    if _group_alive(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            killed = True
+        except ProcessLookupError:
+            pass
+    if job_dir:
+        record = os.path.join(os.path.expanduser(job_dir), "exit_code")
+        until = time.monotonic() + 5.0
+        while not os.path.exists(record) and time.monotonic() < until:
+            time.sleep(0.02)
+    return {"terminated": True, "killed": killed}
+
+
+# --------------------------------------------------------------------------- log
+
+
+def _copy_from(path: str, offset: int, limit: int | None, out: Any) -> int:
+    """Write bytes of ``path`` from ``offset`` (at most ``limit``); return the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read() if limit is None else f.read(limit)
+    except FileNotFoundError:
+        return offset
+    if data:
+        out.write(data)
+        out.flush()
+    return offset + len(data)
+
+
+def log(
+    path: str,
+    offset: int,
+    limit: int | None,
+    *,
+    follow: bool = False,
+    job_dir: str | None = None,
+    pid: int | None = None,
+    start_time: int | None = None,
+) -> None:
+    """Write log bytes; with ``follow`` keep writing new ones until the job ends.
+
+    A follower stops when its stdin reaches EOF: closing the SSH channel does not kill the
+    remote command under OpenSSH, but it does close the command's stdin.
+    """
+    import select
+
+    path = os.path.expanduser(path)
+    out = sys.stdout.buffer
+    offset = _copy_from(path, offset, None if follow else limit, out)
+    if not follow:
+        return
+
+    def ended() -> bool:
+        if job_dir and os.path.exists(os.path.join(os.path.expanduser(job_dir), "exit_code")):
+            return True
+        return pid is not None and not is_running(pid, start_time)
+
+    while True:
+        done = ended()
+        offset = _copy_from(path, offset, None, out)
+        if done:
+            return
+        readable, _, _ = select.select([sys.stdin], [], [], 0.2)
+        if readable and not os.read(sys.stdin.fileno(), 4096):
+            return
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jupyter_gpusched.node.agent")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("probe", help="report this node's GPUs as JSON")
+    lp = sub.add_parser("launch", help="start a job detached")
+    lp.add_argument("--job-dir", required=True)
+    lp.add_argument("--cwd")
+    lp.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    lp.add_argument("--gpus", help="comma-separated GPU UUIDs or indices for CUDA_VISIBLE_DEVICES")
+    lp.add_argument("--log")
+    lp.add_argument("argv", nargs=argparse.REMAINDER)
+    sp = sub.add_parser("status", help="is a job running; its exit code once ended")
+    sp.add_argument("--job-dir", required=True)
+    sp.add_argument("--pid", type=int, required=True)
+    sp.add_argument("--start-time", type=int)
+    kp = sub.add_parser("kill", help="TERM a process group, KILL after a grace period")
+    kp.add_argument("--pgid", type=int, required=True)
+    kp.add_argument("--grace", type=float, default=10.0)
+    kp.add_argument("--job-dir")
+    gp = sub.add_parser("log", help="print a job's log from an offset; --follow to stream")
+    gp.add_argument("--file", required=True)
+    gp.add_argument("--offset", type=int, default=0)
+    gp.add_argument("--limit", type=int)
+    gp.add_argument("--follow", action="store_true")
+    gp.add_argument("--job-dir")
+    gp.add_argument("--pid", type=int)
+    gp.add_argument("--start-time", type=int)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; print its JSON answer (or raw bytes for ``log``)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "probe":
+            result: dict[str, Any] = probe()
+        elif args.cmd == "launch":
+            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            result = launch(
+                args.job_dir, command, cwd=args.cwd, env=args.env, gpus=args.gpus, log=args.log
+            )
+        elif args.cmd == "status":
+            result = status(args.job_dir, args.pid, args.start_time)
+        elif args.cmd == "kill":
+            result = kill(args.pgid, args.grace, args.job_dir)
+        else:
+            log(
+                args.file,
+                args.offset,
+                args.limit,
+                follow=args.follow,
+                job_dir=args.job_dir,
+                pid=args.pid,
+                start_time=args.start_time,
+            )
+            return 0
+    except (AgentError, OSError, ValueError) as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

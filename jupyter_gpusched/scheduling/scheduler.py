@@ -1,0 +1,662 @@
+"""The scheduler loop: reads the queue, asks policy and packer, acts through a backend.
+
+Each :meth:`Scheduler.tick` is one pass: refresh inventory (when due), poll running jobs
+(:class:`.tracking.JobTracker` records what they did), enforce runtime and idle limits, then
+place queued jobs in policy order. The store is the
+truth — every decision is written there before or right after acting, so a restart finds
+everything again (:meth:`Scheduler.start` reattaches running jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.core import policy, windows
+from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.errors import (
+    ConflictError,
+    ForbiddenError,
+    GpuSchedError,
+    InfeasibleError,
+)
+from jupyter_gpusched.core.models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    Placement,
+    PriorityClass,
+)
+from jupyter_gpusched.packing import packer
+from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
+from jupyter_gpusched.store.store import Store
+
+from . import moves
+from .events import EventHub
+from .tracking import JobTracker
+from .views import ClusterSnapshot, cluster_view, job_view
+
+log = logging.getLogger(__name__)
+
+#: How a job of each kind turns into the argv the backend launches; kinds register here.
+CommandBuilder = Callable[[Job], Sequence[str]]
+#: Called once a job has ended (any terminal state), e.g. to fetch a notebook's output.
+EndHook = Callable[[Job], Awaitable[None]]
+#: Called at every tick with the current time, e.g. to fire recurring job definitions.
+TickHook = Callable[[datetime], Awaitable[None]]
+
+
+def script_command(job: Job) -> Sequence[str]:
+    """A script job runs its own argv."""
+    assert job.spec.command is not None
+    return job.spec.command
+
+
+class Scheduler:
+    """One cluster queue. All public methods are safe to call from request handlers."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        backend: Backend,
+        policy: windows.PolicyConfig,
+        clock: Clock,
+        packer_policy: str = "fragmentation",
+        tick_interval_s: float = 1.0,
+        poll_interval_s: float = 2.0,
+        inventory_interval_s: float = 30.0,
+        cancel_grace_s: float = 10.0,
+        admins: frozenset[str] = frozenset(),
+        commands: dict[JobKind, CommandBuilder] | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.policy = policy
+        self.clock = clock
+        self.packer_policy = packer_policy
+        self.tick_interval_s = tick_interval_s
+        self.inventory_interval_s = inventory_interval_s
+        self.cancel_grace_s = cancel_grace_s
+        self.admins = admins
+        self.commands: dict[JobKind, CommandBuilder] = {JobKind.SCRIPT: script_command}
+        self.commands.update(commands or {})
+        self.end_hooks: list[EndHook] = []
+        self.tick_hooks: list[TickHook] = []
+        self._hooks_backlog: set[int] | None = None
+        self._inventory: list[NodeInventory] = []
+        self._inventory_at: float | None = None
+        self.tracker = JobTracker(
+            store,
+            backend,
+            clock,
+            node_down=self._node_down,
+            on_ended=self._note_ended,
+            poll_interval_s=poll_interval_s,
+            cancel_grace_s=cancel_grace_s,
+        )
+        self._base: packer.ClusterState | None = None
+        self._base_key: tuple[Any, ...] = ()
+        self._positions: dict[int, int] = {}
+        # How long a node stays kept for the job batch jobs were moved off it for.
+        self.claim_ttl_s = 900.0
+        self._no_move: tuple[Any, ...] | None = None  # the last situation no move paid in
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.stop_grace_s = 10.0
+        self._wake = asyncio.Event()
+        self.events = EventHub(
+            self.store, self.clock, cluster=self.cluster_view, job=lambda j: self.job_view(j)
+        )
+        self._tick_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Migrate the store, connect, find running jobs again and start the loop."""
+        self.store.migrate()
+        await self.backend.start()
+        await self._refresh_inventory(force=True)
+        await self.tracker.poll_active(force=True)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpusched-loop")
+
+    async def stop(self) -> None:
+        """Stop the loop and close connections; jobs keep running on their nodes."""
+        if self._task is not None:
+            self._stopping = True
+            self.wake()
+            # Let a tick in progress finish its writes; cut it short only if it hangs.
+            done, _ = await asyncio.wait([self._task], timeout=self.stop_grace_s)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._task = None
+            self._stopping = False
+        await self.backend.close()
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.tick()
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("gpusched: scheduler tick failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that
+            # races its timeout into a TimeoutError, and the loop would never stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.tick_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Run the next tick now rather than at the next interval."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the pass
+    async def tick(self) -> None:
+        """One scheduling pass."""
+        async with self._tick_lock:
+            now = self.clock.now()
+            active = windows.resolve_window(self.policy, now)
+            await self._refresh_inventory()
+            await self.tracker.poll_active()
+            await self.tracker.reap_stale()
+            await self._enforce_limits(now, active)
+            for hook in self.tick_hooks:
+                await hook(now)
+            await self._schedule(now, active)
+            await self._run_end_hooks()
+        await self.notify()
+
+    def _note_ended(self, job_id: int) -> None:
+        if self._hooks_backlog is not None:  # before the first tick the catch-up finds it
+            self._hooks_backlog.add(job_id)
+
+    async def _run_end_hooks(self) -> None:
+        """Run end hooks once per ended job; the store remembers which ran (restart-safe)."""
+        if not self.end_hooks:
+            return
+        if self._hooks_backlog is None:  # first tick after start: catch up on a crash
+            ended, _ = self.store.list_jobs(states=list(TERMINAL_STATES), limit=None)
+            self._hooks_backlog = {
+                j.id for j in ended if j.started_at and not j.handle.get("ended_hooks_done")
+            }
+        pending, self._hooks_backlog = self._hooks_backlog, set()
+        for job in (self.store.get_job(i) for i in sorted(pending)):
+            if job.state not in TERMINAL_STATES:
+                continue
+            if job.handle.get("ended_hooks_done") or not job.started_at:
+                continue
+            for hook in self.end_hooks:
+                try:
+                    await hook(job)
+                except Exception:  # one bad hook must not stop the loop or the others
+                    log.exception("gpusched: end hook failed for job %s", job.id)
+            self.store.update_job(
+                job.id, handle={**job.handle, "ended_hooks_done": True}, event=None
+            )
+
+    async def _refresh_inventory(self, *, force: bool = False) -> None:
+        mono = self.clock.monotonic()
+        due = self._inventory_at is None or mono - self._inventory_at >= self.inventory_interval_s
+        if not (force or due):
+            return
+        before = {n.name: n.up for n in self._inventory}
+        self._inventory = await self.backend.inventory(refresh=True)
+        self._inventory_at = mono
+        for node in self._inventory:
+            if before.get(node.name) is False and node.up:
+                await self.tracker.reconcile_node(node.name)
+            if before.get(node.name, True) != node.up:
+                self.store.add_event(
+                    "node", detail={"node": node.name, "up": node.up, "error": node.error}
+                )
+
+    async def refresh_inventory(self) -> list[NodeInventory]:
+        """Probe every node now (the API's on-demand refresh)."""
+        async with self._tick_lock:
+            await self._refresh_inventory(force=True)
+        await self.notify()
+        return self._inventory
+
+    def _node_down(self, name: str) -> bool:
+        node_down = getattr(self.backend, "node_down", None)
+        if node_down is not None:
+            return bool(node_down(name))
+        return any(n.name == name and not n.up for n in self._inventory)
+
+    # ------------------------------------------------------------------ limits
+    async def _enforce_limits(self, now: datetime, active: windows.ActiveWindow) -> None:
+        jobs, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        stops = []
+        for job in jobs:
+            deadline = job.handle.get("deadline")
+            if deadline and now >= datetime.fromisoformat(deadline):
+                limit = job.handle.get("limit_s", 0)
+                stops.append(
+                    self.tracker.stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached")
+                )
+            elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
+                job, active.window, now
+            ):
+                idle = active.window.lease_idle_timeout_s or 0.0
+                stops.append(
+                    self.tracker.stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed")
+                )
+        await asyncio.gather(*stops)
+
+    # ------------------------------------------------------------------ placing
+    def _empty_state(self) -> packer.ClusterState:
+        """The cluster with nothing placed, rebuilt only when the nodes' shapes change."""
+        shapes = [node_shape(n) for n in self._inventory if n.gpus or n.cpus]
+        key = tuple(shapes)
+        if self._base is None or key != self._base_key:
+            self._base = packer.ClusterState.from_nodes(shapes)
+            self._base_key = key
+        return self._base
+
+    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
+        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
+        return state, dict(state.index)
+
+    async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
+        queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
+        if not queued:
+            self._positions = {}
+            return
+        state, _ = self._cluster_state()
+        usage = policy.fair_share_usage(
+            _usage(self.store.usage_records(since=now - timedelta(days=14))),
+            self.policy.fairshare_half_life_s,
+            now,
+        )
+        order = policy.order_queue(queued, usage, now, active.window)
+        by_id = {job.id: job for job in queued}
+        claims = _kept_nodes(queued, now)
+        self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
+        for job_id, reason in order.skipped.items():
+            self._set_reason(by_id[job_id], reason)
+        ctx = self._admission_context(now, active, state)
+        head: policy.Reservation | None = None
+        for job in order.jobs:
+            admission = policy.admit(job, ctx)
+            if not admission.ok:
+                self._set_reason(job, admission.reason)
+                continue
+            request = pack_request(job.spec)
+            claimed = {n for n, owner in claims.items() if owner != job.id}
+            reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
+            estimate = self._estimate(job) if head is not None else 0.0
+            if head is not None and reply.node is not None:
+                backfill = policy.backfill_allowed(job, head, now, estimate, node=reply.node_name)
+                if not backfill.ok:
+                    # Where the packer wanted it the job would delay the head: another node
+                    # never does, so try those before leaving it waiting.
+                    reply = packer.pack(
+                        state,
+                        request,
+                        policy=self.packer_policy,
+                        exclude={*claimed, *([head.node] if head.node else [])},
+                    )
+                    if reply.node is None:
+                        self._set_reason(job, backfill.reason)
+                        continue
+            if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
+                if active.window.preempt_batch and await self._preempt_for(job, state):
+                    self._set_reason(job, "waiting: batch jobs are being preempted for it")
+                    continue
+            if reply.node is None:
+                mine = [n for n, owner in claims.items() if owner == job.id]
+                if mine:  # batch jobs are moving off its node: keep it for this job
+                    self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
+                    head = head or policy.Reservation(now, mine[0], 0.0)
+                    continue
+                self._set_reason(job, f"waiting: no room ({reply.reason})")
+                if head is None:
+                    head = self._reserved_start(job, now, state)
+                    batch = job.spec.priority_class is PriorityClass.BATCH
+                    if batch and active.window.migrate_batch:
+                        node = await self._migrate_for(job, state, head, active.window)
+                        if node is not None:
+                            claims[node] = job.id
+                            head = policy.Reservation(now, node, 0.0)
+                continue
+            if head is not None:
+                ends = now + timedelta(seconds=estimate)
+                head = policy.consume_spare(
+                    head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
+                )
+            state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+            ctx = policy.add_to_context(ctx, job)
+            await self._launch(job, reply, active)
+
+    def _admission_context(
+        self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
+    ) -> policy.AdmissionContext:
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        records = self.store.usage_records(since=now - timedelta(days=1))
+        return policy.AdmissionContext.build(
+            config=self.policy,
+            window=active.window,
+            now=now,
+            total_gpus=float(state.gpu_count[state.node_up].sum()),
+            running=running,
+            usage_records=_usage(records),
+        )
+
+    def _estimate(self, job: Job) -> float:
+        history, _ = self.store.list_jobs(
+            states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
+        )
+        return policy.estimate_runtime_s(job, history)
+
+    def _reserved_start(
+        self, head: Job, now: datetime, state: packer.ClusterState
+    ) -> policy.Reservation:
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        whole_free = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
+        counts = whole_free.sum(axis=1)
+        free = {name: float(n) for name, n in zip(state.node_names, counts, strict=True)}
+        return policy.reserved_start(head, running, free, now, estimate=self._estimate)
+
+    async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
+        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        victims = moves.plan_preemption(
+            state, lease, running, self.clock.now(), packer_policy=self.packer_policy
+        )
+        if not victims:
+            return False
+        by_id = {j.id: j for j in running}
+        why = "preempted for interactive work"
+        await asyncio.gather(*(self.tracker.stop(by_id[v], "preempt", why) for v in victims))
+        return True
+
+    async def _migrate_for(
+        self, job: Job, state: packer.ClusterState, head: policy.Reservation, window: windows.Window
+    ) -> str | None:
+        """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
+        now = self.clock.now()
+        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        # A move that did not pay only gets dearer with time (less idle time left to save,
+        # more work since the checkpoints): search again only once something changed.
+        marks = frozenset((j.id, j.handle.get("checkpoint_at")) for j in running)
+        key = (job.id, marks, hash((state.gm.tobytes(), state.node_up.tobytes())))
+        if key == self._no_move:
+            return None
+        plan = moves.plan_migration(
+            state, job, running, now, head.start, window=window, packer_policy=self.packer_policy
+        )
+        if plan is None:
+            self._no_move = key
+            return None
+        # Kept in the store, so a restart in the middle of the move still keeps the node.
+        until = now + timedelta(seconds=self.claim_ttl_s)
+        kept = {"node": plan.node, "until": until.isoformat()}
+        self.store.update_job(job.id, handle={**job.handle, "kept_node": kept})
+        self._set_reason(job, f"waiting: batch jobs are moving off {plan.node} for it")
+        by_id = {j.id: j for j in running}
+        await asyncio.gather(*(
+            self.tracker.stop(by_id[v], "migrate", f"moved to make room for job {job.id}")
+            for v in plan.job_ids
+        ))  # fmt: skip
+        return plan.node
+
+    async def _launch(
+        self, job: Job, reply: packer.PackReply, active: windows.ActiveWindow
+    ) -> None:
+        assert reply.node_name is not None
+        node = next(n for n in self._inventory if n.name == reply.node_name)
+        uuids = {g.index: g.uuid for g in node.gpus}
+        mem_gb = None
+        if node.gpus and reply.share_per_gpu < 1:
+            mem_gb = round(reply.share_per_gpu * node.gpus[0].mem_total_mb / 1024, 3)
+        placement = Placement(
+            node=reply.node_name,
+            gpu_indices=list(reply.gpu_indices),
+            gpu_uuids=[uuids.get(i, "") for i in reply.gpu_indices],
+            share_per_gpu=reply.share_per_gpu,
+            gpu_mem_gb=mem_gb,
+        )
+        now = self.clock.now()
+        limit_s = _runtime_limit(job, active)
+        handle: dict[str, Any] = {k: v for k, v in job.handle.items() if k == "previous"}
+        if limit_s is not None:
+            handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
+            handle["limit_s"] = limit_s
+        job = self.tracker.move(
+            job.id,
+            JobState.STARTING,
+            expect=JobState.QUEUED,
+            placement=placement,
+            started_at=now,
+            last_activity_at=now,
+            handle=handle,
+            reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
+        )
+        reserved_mb = 0.0
+        if node.gpus:
+            reserved_mb = placement.share_per_gpu * node.gpus[0].mem_total_mb
+        try:
+            argv = list(self.commands[job.spec.kind](job))
+            # The job learns how much GPU memory it may use; the simulator also reads it.
+            env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(int(reserved_mb))}
+            spec = job.spec.model_copy(update={"env": env})
+            result = await self.backend.launch(
+                job.model_copy(update={"spec": spec}), placement, argv=argv
+            )
+        except GpuSchedError as exc:
+            self.tracker.move(
+                job.id,
+                JobState.QUEUED,
+                reason=f"launch on {placement.node} failed: {exc.message}",
+                placement=None,
+                started_at=None,
+                handle={k: v for k, v in handle.items() if k == "previous"},
+            )
+            return
+        self.tracker.move(
+            job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
+        )
+
+    def _set_reason(self, job: Job, reason: str | None) -> None:
+        """Record why a queued job waits; written only when the reason changes."""
+        if job.reason != reason:
+            with contextlib.suppress(ConflictError):
+                self.store.update_job(job.id, reason=reason, event="waiting")
+
+    # ------------------------------------------------------------------ API actions
+    def submit(self, spec: JobSpec) -> Job:
+        """Queue a job; refuse at once a request no node could ever hold."""
+        self.check_feasible(spec)
+        if spec.kind not in self.commands:
+            raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
+        job = self.store.add_job(spec)
+        self.wake()
+        return job
+
+    def check_feasible(self, spec: JobSpec) -> None:
+        """Raise InfeasibleError, saying what would fit, if no node could ever hold ``spec``."""
+        if not self._inventory:
+            return  # nothing probed yet: nothing to judge against
+        reply = packer.pack(self._empty_state(), pack_request(spec), policy="first_fit")
+        if reply.node is None and not reply.feasible_ever:
+            raise InfeasibleError(f"this job can never fit: {reply.reason}")
+
+    def get_job(self, job_id: int) -> Job:
+        """One job (NotFoundError if absent)."""
+        return self.store.get_job(job_id)
+
+    def list_jobs(self, **filters: Any) -> tuple[list[Job], int]:
+        """A page of jobs and the total matching the filters."""
+        return self.store.list_jobs(**filters)
+
+    def job_view(self, job: Job) -> dict[str, Any]:
+        """The API's JSON for a job, with its queue position."""
+        return job_view(job, self._positions.get(job.id))
+
+    def _check_owner(self, job: Job, user: str) -> None:
+        if user != job.user and user not in self.admins:
+            raise ForbiddenError(
+                f"job {job.id} belongs to {job.user}; only its owner or an admin may change it"
+            )
+
+    async def cancel(self, job_id: int, *, user: str, reason: str | None = None) -> Job:
+        """Cancel a queued job, or stop a running one (TERM, then KILL after the grace)."""
+        job = self.store.get_job(job_id)
+        self._check_owner(job, user)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
+        reason = reason or f"cancelled by {user}"
+        if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
+            job = self.tracker.move(
+                job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
+            )
+        else:
+            handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
+            job = self.store.update_job(job_id, handle=handle, event="stopping")
+            if job.handle.get("pgid") is not None:
+                await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+            job = await self.tracker.settle_stopped(job_id)
+            if job.state in ACTIVE_STATES:  # never launched, or unkillable: stop tracking it
+                job = self.tracker.move(
+                    job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
+                )
+        self.wake()
+        await self.notify()
+        return job
+
+    def update(
+        self,
+        job_id: int,
+        *,
+        user: str,
+        priority: PriorityClass | None = None,
+        held: bool | None = None,
+    ) -> Job:
+        """Change a job's priority class or hold it in the queue."""
+        job = self.store.get_job(job_id)
+        self._check_owner(job, user)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job_id} already {job.state.value}; it cannot change")
+        fields: dict[str, Any] = {}
+        if priority is not None:
+            fields["spec"] = job.spec.model_copy(update={"priority": priority})
+        if held is not None:
+            fields["held"] = held
+        if not fields:
+            return job
+        job = self.store.update_job(job_id, **fields)
+        self.wake()
+        return job
+
+    def touch(self, job_id: int) -> Job:
+        """Record activity on a lease (a cell ran), postponing idle reclaim."""
+        return self.store.update_job(job_id, last_activity_at=self.clock.now(), event=None)
+
+    async def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> bytes:
+        """A slice of the job's log ('' before it started)."""
+        job = self.store.get_job(job_id)
+        if not job.handle.get("log"):
+            return b""
+        return await self.backend.read_log(job, offset=offset, limit=limit)
+
+    async def follow_log(self, job_id: int, *, offset: int = 0) -> AsyncIterator[bytes]:
+        """Log bytes as they are written, until the job ends."""
+        while True:
+            job = self.store.get_job(job_id)
+            if job.handle.get("log"):
+                break
+            if job.state in TERMINAL_STATES:
+                return
+            await asyncio.sleep(0.2)
+        async for chunk in self.backend.follow_log(job, offset=offset):
+            yield chunk
+
+    # ------------------------------------------------------------------ views and events
+    def snapshot(self) -> ClusterSnapshot:
+        """Inventory, packer state and active jobs at this instant, for the views."""
+        now = self.clock.now()
+        state, _ = self._cluster_state()
+        active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        _, queued = self.store.list_jobs(states=[JobState.QUEUED], limit=0)
+        return ClusterSnapshot(
+            inventory=self._inventory,
+            state=state,
+            jobs=active_jobs,
+            queued=queued,
+            window=windows.resolve_window(self.policy, now),
+            now=now,
+        )
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The API's cluster JSON: nodes, GPUs with state and owner, metrics, window."""
+        return cluster_view(self.snapshot())
+
+    def policy_view(self, at: datetime | None = None) -> dict[str, Any]:
+        """Which rules hold at ``at`` (default now), and why."""
+        when = at or self.clock.now()
+        active = windows.resolve_window(self.policy, when)
+        return {
+            "window": windows.window_dict(active),
+            "explanation": windows.explain(self.policy, when),
+        }
+
+    async def notify(self) -> None:
+        """Wake event subscribers now (e.g. after writing an event outside a tick)."""
+        await self.events.notify(_inventory_key(self._inventory))
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop is ticking (between start and stop)."""
+        return self._task is not None
+
+    def subscribe(
+        self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
+        return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
+
+
+def _kept_nodes(queued: Sequence[Job], now: datetime) -> dict[str, int]:
+    """Nodes kept for queued jobs that batch jobs were moved for (until the claims expire)."""
+    kept: dict[str, int] = {}
+    for job in queued:
+        claim = job.handle.get("kept_node")
+        if isinstance(claim, dict) and datetime.fromisoformat(claim["until"]) > now:
+            kept[claim["node"]] = job.id
+    return kept
+
+
+def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
+    """What of the inventory a cluster view shows (up/down, memory, processes)."""
+    return tuple(
+        (n.name, n.up, tuple((g.index, round(g.mem_used_mb), len(g.processes)) for g in n.gpus))
+        for n in nodes
+    )
+
+
+def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:
+    return [policy.UsageRecord(*row) for row in rows]
+
+
+def _runtime_limit(job: Job, active: windows.ActiveWindow) -> float | None:
+    limits = [job.spec.max_runtime_s]
+    if job.spec.priority_class is PriorityClass.BATCH:
+        limits.append(policy.batch_runtime_limit_s(active.window))
+    given = [x for x in limits if x]
+    return min(given) if given else None
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"

@@ -1,0 +1,217 @@
+"""Following launched jobs: what their nodes report becomes state changes in the store.
+
+The scheduler decides; the tracker records. A poll's answer (running, ended, lost) moves a
+job through the state machine; stops (cancel, preemption, moves, limits) settle here with
+the reason they were given; a node that comes back is reconciled (lost jobs found again,
+stale copies of requeued ones stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_gpusched.cluster.base import Backend, JobStatus
+from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.errors import ConflictError, GpuSchedError
+from jupyter_gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
+from jupyter_gpusched.store.store import Store
+
+
+class JobTracker:
+    """Polls active jobs and writes what happened; every state change of a job passes here."""
+
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        clock: Clock,
+        *,
+        node_down: Callable[[str], bool],
+        on_ended: Callable[[int], None],
+        poll_interval_s: float,
+        cancel_grace_s: float,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.clock = clock
+        self.node_down = node_down
+        self.on_ended = on_ended  # told of every job that reached a terminal state
+        self.poll_interval_s = poll_interval_s
+        self.cancel_grace_s = cancel_grace_s
+        self._polled_at: float | None = None
+
+    async def poll_active(self, *, force: bool = False) -> None:
+        """Poll every active job (at most every ``poll_interval_s`` unless forced)."""
+        mono = self.clock.monotonic()
+        if not force and self._polled_at is not None:
+            if mono - self._polled_at < self.poll_interval_s:
+                return
+        self._polled_at = mono
+        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        statuses = await asyncio.gather(*(self.safe_poll(j) for j in jobs))
+        for job, status in zip(jobs, statuses, strict=True):
+            # An API call (cancel) may have settled the job while we polled: theirs stands.
+            with contextlib.suppress(ConflictError):
+                self.apply_status(job, status)
+
+    async def safe_poll(self, job: Job) -> JobStatus:
+        """The backend's answer for one job; an error reads as lost, never raises."""
+        if not job.handle:
+            # Started in the store but the launch never returned (crash mid-launch): the
+            # backend cannot know it, so it counts as lost and follows its retry setting.
+            return JobStatus(running=False, lost=True, detail="launch did not complete")
+        try:
+            return await self.backend.poll(job)
+        except GpuSchedError as exc:
+            return JobStatus(running=False, lost=True, detail=exc.message)
+
+    def apply_status(self, job: Job, status: JobStatus) -> None:
+        """Record one poll: started, ended, or lost (only when its node is down)."""
+        node = job.placement.node if job.placement else None
+        if status.lost:
+            if not job.handle or (node and self.node_down(node)):
+                self.lose(job, status.detail or f"node {node} is unreachable")
+            return
+        if status.running:
+            if job.state is JobState.STARTING:
+                job = self.move(job.id, JobState.RUNNING, expect=JobState.STARTING)
+            mark = status.checkpoint_at.isoformat() if status.checkpoint_at else None
+            if mark and job.handle.get("checkpoint_at") != mark:  # what a stop would lose
+                # Re-read: a stop may have marked the handle while this poll was out.
+                handle = self.store.get_job(job.id).handle
+                self.store.update_job(job.id, handle={**handle, "checkpoint_at": mark}, event=None)
+            return
+        self.finish(self.store.get_job(job.id), status)  # with a stop's marks, if one came
+
+    def move(self, job_id: int, to_state: JobState, **fields: Any) -> Job:
+        """Change a job's state in the store, noting ended jobs for the end hooks."""
+        job = self.store.transition(job_id, to_state, **fields)
+        if job.state in TERMINAL_STATES:
+            self.on_ended(job.id)
+        return job
+
+    def finish(self, job: Job, status: JobStatus) -> None:
+        """Record a job's end, by why it was stopped if it was (requeue after a move)."""
+        code = status.exit_code
+        ended = status.ended_at or self.clock.now()
+        stopping = job.handle.get("stopping")
+        if stopping in ("preempt", "migrate"):
+            self.move(
+                job.id,
+                JobState.PREEMPTED,
+                reason=job.handle.get("stop_reason"),
+                finished_at=ended,
+                exit_code=code,
+            )
+            self.requeue(job, f"{job.handle.get('stop_reason')}: requeued")
+            return
+        if stopping in ("cancel", "idle"):
+            self.move(
+                job.id,
+                JobState.CANCELLED,
+                finished_at=ended,
+                exit_code=code,
+                reason=job.handle.get("stop_reason"),
+            )
+        elif code == 0:
+            self.move(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
+        else:
+            reason = job.handle.get("stop_reason") or _exit_reason(code)
+            self.move(job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason)
+
+    def lose(self, job: Job, detail: str) -> None:
+        """Mark a job lost; requeue it while it has retries left."""
+        job = self.move(job.id, JobState.LOST, reason=detail)
+        if job.attempt < job.spec.retries:
+            self.requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
+
+    def requeue(self, job: Job, reason: str) -> None:
+        """Queue a job again, keeping its earlier attempts' handles to reap stale copies."""
+        previous = [
+            *job.handle.get("previous", []),
+            {k: v for k, v in job.handle.items() if k != "previous"},
+        ]
+        self.move(
+            job.id,
+            JobState.QUEUED,
+            reason=reason,
+            attempt=job.attempt + 1,
+            placement=None,
+            handle={"previous": previous},
+            started_at=None,
+            exit_code=None,
+        )
+
+    async def reconcile_node(self, name: str) -> None:
+        """A node came back: settle its lost jobs and stop stale copies of requeued ones."""
+        lost, _ = self.store.list_jobs(states=[JobState.LOST], node=name, limit=100_000)
+        for job in lost:
+            status = await self.safe_poll(job)
+            if status.lost:
+                continue
+            if status.running:
+                self.move(job.id, JobState.RUNNING, reason="node is back")
+            else:
+                self.finish(job, status)
+
+    async def reap_stale(self) -> None:
+        """Stop earlier attempts of requeued jobs still running on nodes that came back.
+
+        A lost job may have kept running on a node that only dropped off the network; once
+        the job runs again elsewhere (or waits), the old copy must not go on using GPUs.
+        Retried every tick until the node answers.
+        """
+        jobs, _ = self.store.list_jobs(states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000)
+        for job in jobs:
+            stale = [
+                old
+                for old in job.handle.get("previous", [])
+                if not old.get("reaped") and old.get("pgid") is not None
+            ]
+            changed = False
+            for old in stale:
+                if self.node_down(old.get("node", "")):
+                    continue
+                try:
+                    await self.backend.cancel(
+                        job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
+                    )
+                except GpuSchedError:
+                    continue
+                old["reaped"] = True
+                changed = True
+            if changed:
+                with contextlib.suppress(ConflictError):
+                    self.store.update_job(job.id, handle=job.handle, event="reconciled")
+
+    async def stop(self, job: Job, why: str, reason: str) -> None:
+        """Stop a running job (TERM, then KILL after the grace), recording why first."""
+        handle = {**job.handle, "stopping": why, "stop_reason": reason}
+        job = self.store.update_job(job.id, handle=handle, event="stopping")
+        with contextlib.suppress(GpuSchedError):
+            await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+        await self.settle_stopped(job.id)
+
+    async def settle_stopped(self, job_id: int) -> Job:
+        """After a stop signal: record the end now if the job is gone (the loop may race us)."""
+        job = self.store.get_job(job_id)
+        if job.state not in ACTIVE_STATES:
+            return job
+        status = await self.safe_poll(job)
+        if status.running or status.lost:
+            return job  # still dying; the next poll records it
+        with contextlib.suppress(ConflictError):
+            self.finish(self.store.get_job(job_id), status)
+        return self.store.get_job(job_id)
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "ended without an exit code"
+    if code < 0 or code > 128:
+        sig = -code if code < 0 else code - 128
+        return f"killed by signal {sig}"
+    return f"exit code {code}"

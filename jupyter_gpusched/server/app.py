@@ -1,0 +1,284 @@
+"""The server extension: the composition root that wires store, backend and scheduler.
+
+Every option is a trait read from the usual Jupyter config files
+(``c.GpuSchedApp.nodes = [...]``, ``c.GpuSchedPolicy.windows = [...]``). With no config at all
+the extension starts the embedded simulated cluster, so a fresh install has something to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Dict, Enum, Float, List, Set, Type, Unicode, default, validate
+from traitlets import TraitError as _TraitError
+
+from jupyter_gpusched.core.clock import SystemClock
+from jupyter_gpusched.packing.packer import POLICIES
+
+from .config import GpuSchedPolicy
+
+#: The built-in features (entry points of the ``jupyter_gpusched.plugins`` group).
+PLUGINS: tuple[str, ...] = ("leases", "notebooks")
+
+#: Environment variables through which kernels started by this server find it again.
+URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
+_NODE_KEYS = frozenset(
+    {
+        "name",
+        "host",
+        "port",
+        "username",
+        "key_file",
+        "key_files",
+        "python",
+        "workdir",
+        "staging",
+        "known_hosts",
+        "env",
+        "max_channels",
+    }
+)
+
+
+class GpuSchedApp(ExtensionApp):
+    """One GPU queue for the lab's cluster, served under ``{base_url}gpusched/api/``."""
+
+    name = "jupyter_gpusched"
+    load_other_extensions = True
+    classes = [*ExtensionApp.classes, GpuSchedPolicy]
+
+    nodes = List(
+        Dict(),
+        help="""GPU nodes reached over SSH, one dict each: name, host, port (default 22),
+        username, key_file or key_files, python (interpreter on the node), workdir and staging
+        (directories on the node). Empty (the default) runs the embedded simulated cluster.""",
+    ).tag(config=True)
+    known_hosts = Unicode(
+        None,
+        allow_none=True,
+        help="known_hosts file checked against the nodes' host keys; None = ~/.ssh/known_hosts.",
+    ).tag(config=True)
+    store_url = Unicode(
+        help="SQLAlchemy URL of the job store; default: SQLite under the Jupyter data dir. "
+        "Use postgresql+psycopg://... to share one queue between servers."
+    ).tag(config=True)
+    packer_policy = Enum(
+        list(POLICIES), default_value="fragmentation", help="How jobs are placed on GPUs."
+    ).tag(config=True)
+    admin_users = Set(Unicode(), help="User names that may cancel or change anyone's jobs.").tag(
+        config=True
+    )
+    anonymous_user = Unicode(
+        help="Owner recorded for requests Jupyter's stock identity providers leave anonymous "
+        "(a single-user server with one shared token); default: the OS user of the server."
+    ).tag(config=True)
+    tick_interval_s = Float(
+        1.0, min=0.01, help="Seconds between scheduling passes over the queue."
+    ).tag(config=True)
+    poll_interval_s = Float(
+        2.0, min=0.01, help="Seconds between checks of whether running jobs have ended."
+    ).tag(config=True)
+    inventory_interval_s = Float(
+        30.0, min=0.1, help="Seconds between probes of the nodes' GPUs (memory, processes)."
+    ).tag(config=True)
+    sim_nodes = List(
+        Dict(),
+        allow_none=True,
+        default_value=None,
+        help="""Shape of the embedded simulated cluster when `nodes` is empty, one dict per
+        node with the fields of jupyter_gpusched.cluster.sim.cluster.SimNodeSpec (name,
+        gpu_model, gpu_mem_gb, gpus, cpus, mem_gb, nvlink_pairs); None = the simulator's
+        default lab.""",
+    ).tag(config=True)
+    sim_dir = Unicode(
+        help="Directory of the simulated nodes (keys, GPU state, job dirs); jobs running there "
+        "survive a server restart. Default: gpusched/sim under the Jupyter data dir; '' = a "
+        "temporary directory removed (and its jobs killed) when the server stops."
+    ).tag(config=True)
+    plugins = List(
+        Unicode(),
+        default_value=list(PLUGINS),
+        help="""Features that extend the scheduler: names of entry points in the
+        'jupyter_gpusched.plugins' group, each a jupyter_gpusched.server.plugins.Plugin (job
+        kinds, hooks, routes). Built in: 'leases' (%%gpu kernels), 'notebooks' (notebook jobs
+        and recurring definitions).""",
+    ).tag(config=True)
+    scheduler_class = Type(
+        default_value="jupyter_gpusched.scheduling.scheduler.Scheduler",
+        klass=object,
+        help="The scheduler class (dotted path); swap it to serve a different core.",
+    ).tag(config=True)
+
+    @default("store_url")
+    def _default_store_url(self) -> str:
+        from jupyter_gpusched.store.store import Store
+
+        return Store.default_url()
+
+    @default("anonymous_user")
+    def _default_anonymous_user(self) -> str:
+        import getpass
+
+        return getpass.getuser()
+
+    @default("sim_dir")
+    def _default_sim_dir(self) -> str:
+        from jupyter_core.paths import jupyter_data_dir
+
+        return os.path.join(jupyter_data_dir(), "gpusched", "sim")
+
+    @validate("nodes")
+    def _check_nodes(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
+        for node in proposal["value"]:
+            unknown = set(node) - _NODE_KEYS
+            if "name" not in node or "host" not in node or unknown:
+                raise _TraitError(
+                    f"GpuSchedApp.nodes entry {node!r} needs 'name' and 'host'"
+                    + (f" and has unknown keys {sorted(unknown)}" if unknown else "")
+                    + f"; allowed keys: {sorted(_NODE_KEYS)}"
+                )
+        return proposal["value"]
+
+    @validate("sim_nodes")
+    def _check_sim_nodes(self, proposal: dict[str, Any]) -> list[dict[str, Any]] | None:
+        from jupyter_gpusched.cluster.sim.cluster import SimNodeSpec
+
+        for node in proposal["value"] or ():
+            try:
+                SimNodeSpec(**node)
+            except TypeError as exc:
+                raise _TraitError(
+                    f"GpuSchedApp.sim_nodes entry {node!r}: {exc}; give name, gpu_model, "
+                    "gpu_mem_gb, gpus, cpus, mem_gb (and optionally nvlink_pairs)"
+                ) from None
+        return proposal["value"]
+
+    def initialize_settings(self) -> None:
+        """Nothing runs yet: the scheduler needs the running loop (see start)."""
+        self._ready = None  # asyncio.Event, created on the server's loop
+        self._sim: Any = None
+        self.settings["gpusched_admins"] = frozenset(self.admin_users)
+        self.settings["gpusched_anonymous_user"] = self.anonymous_user
+        self.settings["gpusched_app"] = self
+
+    def initialize_handlers(self) -> None:
+        """Mount the REST and websocket routes, the plugins' routes before the catch-all 404."""
+        from jupyter_gpusched.server.handlers.base import NO_ROUTE, default_handlers
+
+        routes = [h for h in default_handlers if h is not NO_ROUTE]
+        for plugin in self._plugins():
+            routes.extend(plugin.handlers)
+        self.handlers.extend([*routes, NO_ROUTE])
+
+    def _plugins(self) -> list[Any]:
+        from .plugins import load
+
+        return load(self.plugins)
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Start the cluster and the scheduler loop once the server's loop runs."""
+        ready = self._ready_event()
+        try:
+            scheduler = await self._build_scheduler()
+            await scheduler.start()
+        except BaseException:
+            await self._stop_sim()
+            ready.set()  # waiting handlers answer 503 now instead of timing out
+            raise
+        serverapp.web_app.settings["gpusched"] = scheduler
+        self._export_env(serverapp)
+        ready.set()
+        self.log.info("gpusched | scheduler started (%s)", self.store_url)
+
+    async def wait_ready(self, timeout_s: float) -> Any | None:
+        """The scheduler once started, or None if it did not start within ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._ready_event().wait(), timeout_s)
+        except TimeoutError:
+            return None
+        return self.serverapp.web_app.settings.get("gpusched")
+
+    async def stop_extension(self) -> None:
+        """Stop the loop; jobs keep running on their nodes and are reattached on restart."""
+        scheduler = self.serverapp.web_app.settings.pop("gpusched", None)
+        if scheduler is not None:
+            for plugin in self._plugins():
+                if plugin.shutdown is not None:
+                    await plugin.shutdown(scheduler)
+            await scheduler.stop()
+        await self._stop_sim()
+        for name, old in getattr(self, "_saved_env", {}).items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+    def _ready_event(self) -> asyncio.Event:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        return self._ready
+
+    async def _build_scheduler(self) -> Any:
+        from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
+        from jupyter_gpusched.store.store import Store
+
+        clock = SystemClock()
+        if self.nodes:
+            node_configs = [NodeConfig(**_node_kwargs(n, self.known_hosts)) for n in self.nodes]
+        else:
+            from pathlib import Path
+
+            from jupyter_gpusched.cluster.sim.cluster import (
+                DEFAULT_SIM_NODES,
+                SimCluster,
+                SimNodeSpec,
+            )
+
+            specs = DEFAULT_SIM_NODES
+            if self.sim_nodes is not None:
+                specs = tuple(SimNodeSpec(**n) for n in self.sim_nodes)
+            self._sim = SimCluster(specs, base_dir=Path(self.sim_dir) if self.sim_dir else None)
+            node_configs = await self._sim.start()
+        backend = SshBackend(
+            node_configs, clock=clock, inventory_interval_s=self.inventory_interval_s
+        )
+        policy = GpuSchedPolicy(parent=self).to_policy_config()
+        scheduler = self.scheduler_class(
+            store=Store(self.store_url, clock=clock),
+            backend=backend,
+            policy=policy,
+            clock=clock,
+            packer_policy=self.packer_policy,
+            tick_interval_s=self.tick_interval_s,
+            poll_interval_s=self.poll_interval_s,
+            inventory_interval_s=self.inventory_interval_s,
+            admins=frozenset(self.admin_users),
+        )
+        for plugin in self._plugins():
+            plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
+        return scheduler
+
+    async def _stop_sim(self) -> None:
+        sim, self._sim = self._sim, None
+        if sim is not None:
+            await sim.stop()
+
+    def _export_env(self, serverapp: Any) -> None:
+        """Kernels inherit the server's environment: tell them where their server is."""
+        values = {URL_ENV: serverapp.connection_url, TOKEN_ENV: serverapp.identity_provider.token}
+        self._saved_env = {name: os.environ.get(name) for name in values}
+        os.environ.update({k: v or "" for k, v in values.items()})
+
+
+def _node_kwargs(node: dict[str, Any], known_hosts: str | None) -> dict[str, Any]:
+    """A ``nodes`` entry as NodeConfig arguments (``key_file(s)`` -> ``client_keys``)."""
+    kwargs = {k: v for k, v in node.items() if k not in ("key_file", "key_files")}
+    keys = [node["key_file"]] if "key_file" in node else list(node.get("key_files", ()))
+    if keys:
+        kwargs["client_keys"] = tuple(os.path.expanduser(k) for k in keys)
+    if known_hosts is not None:
+        kwargs.setdefault("known_hosts", known_hosts)
+    return kwargs

@@ -1,0 +1,179 @@
+"""REST routes of notebook jobs and recurring definitions (plugin of the server extension).
+
+``POST notebooks`` queues a notebook (or, with a cron ``at``, stores a definition);
+``definitions`` lists, creates, reads, pauses/resumes/edits and deletes definitions. Errors go
+through the extension's one error table (:func:`jupyter_gpusched.server.handlers.base.error_reply`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from jupyter_gpusched.batch.definitions import Definition
+from jupyter_gpusched.batch.notebooks import (
+    NotebookPlugin,
+    build_submission,
+    parse_request,
+    plugin_for,
+)
+from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+
+from .base import API, MAX_LIMIT, ApiHandler
+
+_MAX_ID = 2**63 - 1
+_PATCHABLE = frozenset({"paused", "schedule", "timezone", "catch_up", "name"})
+
+
+def _definition_id(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > _MAX_ID:
+        raise NotFoundError(
+            f"definition {text} does not exist; list them with GET gpusched/api/definitions"
+        )
+    return int(text)
+
+
+def definition_json(definition: Definition) -> dict[str, Any]:
+    """A definition as the API shows it."""
+    return definition.model_dump(mode="json")
+
+
+class _NotebookApi(ApiHandler):
+    async def plugin(self) -> NotebookPlugin:
+        """The notebook plugin of the running scheduler."""
+        return plugin_for(await self.scheduler())
+
+    def root_dir(self) -> str:
+        """The server's root directory; notebook paths are relative to it."""
+        root = getattr(self.settings.get("contents_manager"), "root_dir", None)
+        return os.path.expanduser(str(root or self.settings.get("server_root_dir") or "."))
+
+    async def submission(self, *, recurring: bool | None) -> Any:
+        """The request body checked and turned into a job spec (and schedule)."""
+        plugin = await self.plugin()
+        body = self.json_body()
+        if isinstance(body, dict) and "user" in body:
+            raise InvalidSpecError("user", "is set by the server from your login; leave it out")
+        sched = plugin.scheduler
+        return build_submission(
+            parse_request(body),
+            user=self.username,
+            root_dir=self.root_dir(),
+            config=sched.policy,
+            now=sched.clock.now(),
+            recurring=recurring,
+        )
+
+
+class NotebooksHandler(_NotebookApi):
+    """``POST notebooks``: run a notebook now, later, or on a schedule."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        """Queue the job (``at``: now/tonight/window/ISO) or store a definition (cron)."""
+        plugin = await self.plugin()
+        job, definition = plugin.submit(await self.submission(recurring=None))
+        if job is not None:
+            where = url_path_join(self.base_url, API, "jobs", str(job.id))
+        else:
+            where = url_path_join(self.base_url, API, "definitions", str(definition.id))
+        self.set_header("Location", where)
+        self.write_json(
+            {
+                "job": None if job is None else plugin.scheduler.job_view(job),
+                "definition": None if definition is None else definition_json(definition),
+            },
+            status=201,
+        )
+
+
+class DefinitionsHandler(_NotebookApi):
+    """``GET definitions`` lists; ``POST definitions`` creates one."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """Definitions, oldest first; ``?user=me`` or a name for one user's."""
+        plugin = await self.plugin()
+        user = self.query("user")
+        if user == "me":
+            user = self.username
+        limit = self.query_int("limit", 100, 0, MAX_LIMIT)
+        offset = self.query_int("offset", 0, 0, 2**53)
+        items, total = plugin.definitions.list(user=user or None, limit=limit, offset=offset)
+        self.write_json(
+            {
+                "definitions": [definition_json(d) for d in items],
+                "total": total,
+                "limit": limit,
+                "offset": offset,
+            }
+        )
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        """A new recurring notebook job; ``schedule`` (cron) is required."""
+        plugin = await self.plugin()
+        _, definition = plugin.submit(await self.submission(recurring=True))
+        self.set_header(
+            "Location", url_path_join(self.base_url, API, "definitions", str(definition.id))
+        )
+        self.write_json(definition_json(definition), status=201)
+
+
+class DefinitionHandler(_NotebookApi):
+    """One definition: read, pause/resume/edit, delete."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, definition_id: str) -> None:
+        """The definition with its latest firings."""
+        plugin = await self.plugin()
+        self.write_json(definition_json(plugin.definitions.get(_definition_id(definition_id))))
+
+    @web.authenticated
+    @authorized
+    async def patch(self, definition_id: str) -> None:
+        """Change ``paused``, ``schedule``, ``timezone``, ``catch_up`` or ``name``."""
+        plugin = await self.plugin()
+        def_id = _definition_id(definition_id)
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise InvalidSpecError("body", 'must be a JSON object like {"paused": true}')
+        unknown = sorted(set(body) - _PATCHABLE)
+        if unknown:
+            raise InvalidSpecError(unknown[0], f"unknown field; one of {sorted(_PATCHABLE)}")
+        if not body:
+            raise InvalidSpecError("body", f"give at least one of {sorted(_PATCHABLE)}")
+        if "paused" in body and not isinstance(body["paused"], bool):
+            raise InvalidSpecError("paused", "must be true or false")
+        for key in ("schedule", "timezone", "catch_up", "name"):
+            if key in body and not isinstance(body[key], str):
+                raise InvalidSpecError(key, "must be a string")
+        plugin.definitions.get(def_id)  # 404 before 403
+        definition = plugin.definitions.update(def_id, user=self.username, **body)
+        self.write_json(definition_json(definition))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, definition_id: str) -> None:
+        """Delete it; jobs it already made stay."""
+        plugin = await self.plugin()
+        definition = plugin.definitions.delete(_definition_id(definition_id), user=self.username)
+        self.write_json(definition_json(definition))
+
+
+_ID = r"([^/]+)"
+#: Routes under the extension's base, mounted before its catch-all 404.
+handlers: list[tuple[str, type]] = [
+    (f"{API}/notebooks", NotebooksHandler),
+    (f"{API}/definitions", DefinitionsHandler),
+    (f"{API}/definitions/{_ID}", DefinitionHandler),
+]

@@ -1,0 +1,138 @@
+"""The database tables, as SQLAlchemy 2 typed ORM classes.
+
+Rows stay apart from the pydantic models in :mod:`jupyter_gpusched.core.models`; :mod:`.store`
+maps one to the other. Features with tables of their own (recurring notebook definitions)
+declare them on the same :class:`Base`, so one metadata describes the whole schema and the
+Alembic drift test covers it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware datetimes in, UTC-aware datetimes out, on every backend.
+
+    SQLite has no time zones: values are stored as naive UTC and UTC is re-attached on read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; naive UTC for SQLite. Naive input is refused, not guessed."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"{value!r} has no timezone; the store keeps aware UTC times")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Return UTC-aware datetimes whatever the backend hands back."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; named constraints so migrations can refer to them on every backend."""
+
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON()}
+
+
+class JobRow(Base):
+    """One job: the spec as JSON plus the columns that queries filter and sort on."""
+
+    __tablename__ = "jobs"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(Integer)  # compare-and-swap on every update
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    username: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(16), index=True)
+    priority_class: Mapped[str] = mapped_column(String(16), index=True)
+    submitted_at: Mapped[datetime] = mapped_column(index=True)
+    node: Mapped[str | None] = mapped_column(String(200), index=True)
+    held: Mapped[bool] = mapped_column(Boolean)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    last_activity_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]]
+    placement: Mapped[dict[str, Any] | None]
+    handle: Mapped[dict[str, Any]]
+
+    __mapper_args__ = {"version_id_col": version}
+
+
+class EventRow(Base):
+    """One audit-log entry; ``id`` order is the order of the log."""
+
+    __tablename__ = "events"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    detail: Mapped[dict[str, Any]]
+
+
+class UsageRow(Base):
+    """One stretch of time a job held GPUs; kept across requeues, for fair share and quotas."""
+
+    __tablename__ = "usage"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    username: Mapped[str] = mapped_column(String(200))
+    gpus: Mapped[float] = mapped_column(Float)  # share-weighted: 2 GPUs at 0.5 = 1.0
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None] = mapped_column(index=True)
+
+
+class NodeRow(Base):
+    """Health of one node as the scheduler last saw it."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    up: Mapped[bool] = mapped_column(Boolean)
+    failures: Mapped[int] = mapped_column(Integer)
+    detail: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime]

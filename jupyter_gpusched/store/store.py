@@ -1,0 +1,711 @@
+"""The store: jobs, their audit log, GPU usage and node health, in one SQL database.
+
+The store is the truth: a restarted server rebuilds its view from it. SQLite (a file under the
+Jupyter data dir) is the default; any SQLAlchemy URL works, and PostgreSQL is tested, for
+several servers sharing one queue. Rows are kept apart from the pydantic models in
+:mod:`jupyter_gpusched.core.models`; this module maps one to the other.
+
+Durability and consistency
+--------------------------
+* Every public write is one short transaction: the row change *and* its event row commit
+  together or not at all, so the audit log can be replayed into the job table.
+* SQLite runs in WAL mode with ``synchronous=FULL``: a commit returns only once its WAL frames
+  are fsynced, so a committed transaction survives a killed process *and* a power cut
+  (``NORMAL`` would survive ``kill -9`` but could lose the last commits on power loss; writes
+  here are few, so the fsync is cheap insurance). An interrupted transaction never reaches the
+  database: its frames lack a commit record and are ignored on the next open.
+* Writers on SQLite take the write lock up front (``BEGIN IMMEDIATE``): a read-check-write such
+  as :meth:`Store.transition` cannot interleave with another writer, in this process or
+  another one, and ``busy_timeout`` makes a second writer wait instead of failing.
+* On PostgreSQL :meth:`Store.transition` reads the job ``SELECT ... FOR UPDATE``; on every
+  backend the ``version`` column is compared-and-swapped on update, so a lost update shows up
+  as :class:`~jupyter_gpusched.core.errors.ConflictError` rather than silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    create_engine,
+    event,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.elements import ColumnElement
+
+from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Event,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    Placement,
+    PriorityClass,
+    check_transition,
+)
+
+from .orm import EventRow, JobRow, NodeRow, UsageRow
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+#: Alembic's bookkeeping table; named for us so a shared PostgreSQL database stays readable.
+VERSION_TABLE = "gpusched_alembic_version"
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+#: Key of the PostgreSQL advisory lock that keeps two servers from migrating at once.
+_MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
+#: Key of the PostgreSQL advisory lock held from an event's insert to its commit.
+_EVENTS_LOCK_KEY = 0x67707573636865
+_BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Health of one node: reachable or not, and consecutive failed probes."""
+
+    name: str
+    up: bool
+    failures: int
+    detail: str | None
+    updated_at: datetime
+
+
+#: Fields ``transition`` may set beside the state.
+_TRANSITION_FIELDS = frozenset(
+    {
+        "placement",
+        "handle",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "attempt",
+        "last_activity_at",
+        "held",
+    }
+)
+#: Fields ``update_job`` may set; the state itself changes only through ``transition``.
+_UPDATE_FIELDS = frozenset(
+    {"spec", "held", "handle", "last_activity_at", "reason", "placement", "exit_code", "attempt"}
+)
+_ORDERS = {
+    "id": JobRow.id,
+    "submitted_at": JobRow.submitted_at,
+    "state": JobRow.state,
+    "user": JobRow.username,
+    "priority": JobRow.priority_class,
+    "started_at": JobRow.started_at,
+    "finished_at": JobRow.finished_at,
+}
+
+
+def normalize_url(url: str) -> str:
+    """Pick the psycopg (v3) driver for plain ``postgresql://`` URLs; other URLs pass as is."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    """An Alembic config for the migrations shipped in this package; no ``alembic.ini`` needed.
+
+    Pass the ``connection`` to migrate on (its open transaction is used), or a ``url`` for
+    Alembic commands that connect themselves (``revision --autogenerate``).
+    """
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+class Store:
+    """Jobs, events, usage and node rows behind one object; each method is one transaction.
+
+    Parameters
+    ----------
+    url
+        Any SQLAlchemy URL; ``postgresql://`` uses psycopg 3. See :meth:`default_url`.
+        ``sqlite://`` (in memory) is one shared connection: for single-threaded tests only.
+    clock
+        The only source of timestamps.
+    echo
+        Log every SQL statement (debugging).
+    """
+
+    def __init__(self, url: str, *, clock: Clock, echo: bool = False) -> None:
+        self.url = normalize_url(url)
+        self._clock = clock
+        self._engine = _make_engine(self.url, echo=echo)
+        self.dialect = self._engine.dialect.name
+        # A page and its total come from one snapshot on PostgreSQL too.
+        reads = (
+            self._engine
+            if self.dialect != "postgresql"
+            else self._engine.execution_options(isolation_level="REPEATABLE READ")
+        )
+        self._reads = sessionmaker(reads, expire_on_commit=False)
+        # Writers take SQLite's write lock at BEGIN (see the module docstring).
+        self._writes = sessionmaker(
+            self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
+        )
+
+    @staticmethod
+    def default_url() -> str:
+        """``sqlite:///<jupyter data dir>/gpusched/gpusched.db``; creates the directory."""
+        from jupyter_core.paths import jupyter_data_dir
+
+        folder = Path(jupyter_data_dir()) / "gpusched"
+        folder.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{folder / 'gpusched.db'}"
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (for tests and maintenance tools)."""
+        return self._engine
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest version; a no-op when it is there already.
+
+        Runs in one transaction, so a failed migration leaves the previous schema; two servers
+        starting at once wait for each other (advisory lock / SQLite write lock).
+        """
+        from alembic import command
+
+        with self._writes.begin() as session:
+            conn = session.connection()
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
+            command.upgrade(alembic_config(conn), "head")
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._engine.dispose()
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def add_job(self, spec: JobSpec) -> Job:
+        """Queue a new job and log ``submitted``."""
+        with self.write_session() as s:
+            return _job(add_job_row(s, spec, self._clock.now()))
+
+    def get_job(self, job_id: int) -> Job:
+        """The job with this id; :class:`NotFoundError` when there is none."""
+        with self.read_session() as s:
+            return _job(_get_row(s, job_id))
+
+    def list_jobs(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        user: str | None = None,
+        kind: JobKind | None = None,
+        node: str | None = None,
+        priority: PriorityClass | None = None,
+        held: bool | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+        order: str = "id",
+    ) -> tuple[list[Job], int]:
+        """One page of jobs matching every filter given, and how many match in all.
+
+        ``order`` is a column name (``id``, ``submitted_at``, ``state``, ``user``, ``priority``,
+        ``started_at``, ``finished_at``), ``-`` in front for descending; ties go by id.
+        ``limit=None`` returns every match.
+        """
+        desc = order.startswith("-")
+        column = _ORDERS.get(order.lstrip("-"))
+        if column is None:
+            raise InvalidSpecError("order", f"must be one of {sorted(_ORDERS)}, '-' for descending")
+        if offset < 0 or (limit is not None and limit < 0):
+            raise InvalidSpecError("limit", "limit and offset must not be negative")
+        conditions: list[ColumnElement[bool]] = []
+        if states is not None:
+            conditions.append(JobRow.state.in_([JobState(x).value for x in states]))
+        if user is not None:
+            conditions.append(JobRow.username == user)
+        if kind is not None:
+            conditions.append(JobRow.kind == JobKind(kind).value)
+        if node is not None:
+            conditions.append(JobRow.node == node)
+        if priority is not None:
+            conditions.append(JobRow.priority_class == PriorityClass(priority).value)
+        if held is not None:
+            conditions.append(JobRow.held == held)
+        query = select(JobRow).where(*conditions)
+        query = query.order_by(
+            column.desc() if desc else column.asc(), JobRow.id.desc() if desc else JobRow.id.asc()
+        )
+        query = query.offset(offset) if limit is None else query.limit(limit).offset(offset)
+        with self.read_session() as s:
+            total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
+            return [_job(r) for r in s.scalars(query)], total
+
+    def transition(
+        self,
+        job_id: int,
+        to_state: JobState,
+        *,
+        reason: str | None = None,
+        expect: JobState | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Move a job to ``to_state`` if the state machine allows it, and log the move.
+
+        Atomic: the row is locked, the move checked, ``fields`` applied (any of placement,
+        handle, exit_code, started_at, finished_at, attempt, last_activity_at, held) and one
+        ``state`` event written, all in one transaction. ``reason`` is stored as the job's
+        reason when given. Defaults from the clock: ``started_at`` on reaching running when not
+        set yet, ``finished_at`` on reaching a terminal state. Nothing else is implied: pass
+        ``placement=None`` (and ``started_at=None``) when requeueing.
+
+        Raises
+        ------
+        IllegalTransitionError
+            The state machine forbids the move; nothing is written.
+        ConflictError
+            ``expect`` was given and the job is in another state (someone moved it meanwhile).
+        NotFoundError
+            No such job.
+        """
+        to_state = JobState(to_state)
+        _check_fields("transition", fields, _TRANSITION_FIELDS)
+        now = self._clock.now()
+        with self.write_session() as s:
+            row = _get_row(s, job_id, for_update=True)
+            current = JobState(row.state)
+            if expect is not None and current is not JobState(expect):
+                raise ConflictError(
+                    f"job {job_id} is {current.value}, not {JobState(expect).value}: "
+                    "it changed meanwhile; reload it and try again"
+                )
+            check_transition(current, to_state, job_id)
+            if to_state is JobState.RUNNING and row.started_at is None:
+                fields.setdefault("started_at", now)
+            if to_state in TERMINAL_STATES:
+                fields.setdefault("finished_at", now)
+            _apply(row, fields)
+            if reason is not None:
+                row.reason = reason
+            row.state = to_state.value
+            self._account_usage(s, row, current, to_state, now, fields.get("finished_at"))
+            detail: dict[str, Any] = {"reason": reason} if reason is not None else {}
+            for key in ("exit_code", "attempt"):
+                if key in fields:
+                    detail[key] = fields[key]
+            if "placement" in fields:
+                detail["node"] = row.node
+            add_event_row(
+                s,
+                EventRow(
+                    at=now,
+                    job_id=job_id,
+                    kind="state",
+                    from_state=current.value,
+                    to_state=to_state.value,
+                    detail=detail,
+                ),
+            )
+            return _job(row)
+
+    def update_job(self, job_id: int, *, event: str | None = "updated", **fields: Any) -> Job:
+        """Change fields other than the state (held, spec, handle, last_activity_at, reason...).
+
+        Logs an event of kind ``event`` naming the changed fields; ``event=None`` writes none,
+        for frequent bookkeeping such as ``last_activity_at``. A new ``spec`` must keep the
+        job's user and kind.
+        """
+        _check_fields("update_job", fields, _UPDATE_FIELDS)
+        now = self._clock.now()
+        with self.write_session() as s:
+            row = _get_row(s, job_id, for_update=True)
+            if "spec" in fields:
+                fields["spec"] = spec = JobSpec.model_validate(fields["spec"])
+                if spec.user != row.username or spec.kind.value != row.kind:
+                    raise ConflictError(f"job {job_id}: a new spec cannot change its user or kind")
+            _apply(row, fields)
+            if event is not None:
+                add_event_row(
+                    s,
+                    EventRow(
+                        at=now,
+                        job_id=job_id,
+                        kind=event,
+                        from_state=None,
+                        to_state=None,
+                        detail={"fields": _json_fields(fields)},
+                    ),
+                )
+            return _job(row)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def list_events(
+        self, *, after_id: int = 0, job_id: int | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """Events with id above ``after_id``, oldest first (one job's when ``job_id`` given)."""
+        query = select(EventRow).where(EventRow.id > after_id)
+        if job_id is not None:
+            query = query.where(EventRow.job_id == job_id)
+        with self.read_session() as s:
+            return [_event(r) for r in s.scalars(query.order_by(EventRow.id).limit(limit))]
+
+    def last_event_id(self) -> int:
+        """Id of the newest event, 0 when none: where a live follower starts."""
+        with self.read_session() as s:
+            return s.scalar(select(func.max(EventRow.id))) or 0
+
+    def add_event(
+        self, kind: str, *, job_id: int | None = None, detail: Mapping[str, Any] | None = None
+    ) -> Event:
+        """Log a notable action that is not a job state change (node down, policy window...)."""
+        with self.write_session() as s:
+            if job_id is not None:
+                _get_row(s, job_id)
+            row = EventRow(
+                at=self._clock.now(),
+                job_id=job_id,
+                kind=kind,
+                from_state=None,
+                to_state=None,
+                detail=dict(detail or {}),
+            )
+            add_event_row(s, row)
+            s.flush()
+            return _event(row)
+
+    # -- usage --------------------------------------------------------------------------------
+
+    def usage_records(
+        self, *, since: datetime
+    ) -> list[tuple[str, float, datetime, datetime | None]]:
+        """GPU holdings overlapping ``since``..now: ``(user, gpus, started_at, finished_at)``.
+
+        ``gpus`` is share-weighted; ``finished_at`` is None while the job still holds them.
+        Every attempt of a requeued job counts.
+        """
+        query = (
+            select(UsageRow)
+            .where(or_(UsageRow.finished_at.is_(None), UsageRow.finished_at >= since))
+            .order_by(UsageRow.id)
+        )
+        with self.read_session() as s:
+            return [(r.username, r.gpus, r.started_at, r.finished_at) for r in s.scalars(query)]
+
+    def usage_by_user(self, *, since: datetime) -> dict[str, float]:
+        """Share-weighted GPU-seconds per user between ``since`` and now."""
+        now = self._clock.now()
+        totals: dict[str, float] = {}
+        for user, gpus, started, finished in self.usage_records(since=since):
+            seconds = ((finished or now) - max(started, since)).total_seconds()
+            totals[user] = totals.get(user, 0.0) + gpus * max(0.0, seconds)
+        return totals
+
+    @staticmethod
+    def _account_usage(
+        s: Session,
+        row: JobRow,
+        current: JobState,
+        to_state: JobState,
+        now: datetime,
+        finished_at: datetime | None,
+    ) -> None:
+        """Open a usage stretch when a job starts holding GPUs, close it when it lets go."""
+        holds, will_hold = current in ACTIVE_STATES, to_state in ACTIVE_STATES
+        if will_hold and not holds:
+            s.add(
+                UsageRow(
+                    job_id=row.id,
+                    username=row.username,
+                    gpus=_gpu_weight(row),
+                    started_at=now,
+                    finished_at=None,
+                )
+            )
+        elif holds and not will_hold:
+            s.execute(
+                update(UsageRow)
+                .where(UsageRow.job_id == row.id, UsageRow.finished_at.is_(None))
+                .values(finished_at=finished_at or now)
+            )
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def set_node_status(
+        self, name: str, *, up: bool, failures: int, detail: str | None = None
+    ) -> None:
+        """Record a node's health; a node going up or down is also logged as a ``node`` event."""
+        now = self._clock.now()
+        for attempt in range(2):
+            try:
+                with self.write_session() as s:
+                    row = s.get(NodeRow, name, with_for_update=self._for_update)
+                    was_up: bool | None = None
+                    if row is None:
+                        s.add(
+                            NodeRow(
+                                name=name, up=up, failures=failures, detail=detail, updated_at=now
+                            )
+                        )
+                    else:
+                        was_up = row.up
+                        row.up, row.failures, row.detail, row.updated_at = up, failures, detail, now
+                    if was_up is not up:
+                        add_event_row(
+                            s,
+                            EventRow(
+                                at=now,
+                                job_id=None,
+                                kind="node",
+                                from_state=None,
+                                to_state=None,
+                                detail={"node": name, "up": up, "detail": detail},
+                            ),
+                        )
+                return
+            except IntegrityError:
+                # Another server added this node first (PostgreSQL); now it can be locked.
+                if attempt:
+                    raise
+
+    def node_status(self) -> dict[str, NodeStatus]:
+        """Every node's last recorded health, by name."""
+        with self.read_session() as s:
+            return {
+                r.name: NodeStatus(r.name, r.up, r.failures, r.detail, r.updated_at)
+                for r in s.scalars(select(NodeRow).order_by(NodeRow.name))
+            }
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @property
+    def _for_update(self) -> bool:
+        return self.dialect != "sqlite"
+
+    @contextlib.contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A read-only transaction (a consistent snapshot on PostgreSQL)."""
+        with self._reads.begin() as s:
+            yield s
+
+    @contextlib.contextmanager
+    def write_session(self) -> Iterator[Session]:
+        """A write transaction; on SQLite it holds the write lock from its first statement.
+
+        Features with tables of their own write through this, so their rows commit with the
+        job and event rows they add, under the same locking rules.
+        """
+        try:
+            with self._writes.begin() as s:
+                yield s
+        except StaleDataError:
+            raise ConflictError("the job changed meanwhile; reload it and try again") from None
+
+
+def _make_engine(url: str, *, echo: bool) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, echo=echo, pool_pre_ping=True)
+    memory = parsed.database in (None, "", ":memory:")
+    engine = create_engine(
+        url,
+        echo=echo,
+        connect_args={"check_same_thread": False, "timeout": _BUSY_TIMEOUT_MS / 1000},
+        poolclass=StaticPool if memory else None,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Hand transaction control to SQLAlchemy's BEGIN below; the sqlite3 module's own
+        # implicit transactions would start too late for a read-check-write.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        if not memory:
+            _enable_wal(cursor)
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("gpusched_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch a file database to WAL, waiting for other first-time openers.
+
+    Switching needs an exclusive lock, and SQLite answers "database is locked" at once instead
+    of honouring ``busy_timeout`` when two processes open a fresh file together.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.005
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0].lower()
+            if mode != "wal":
+                mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower()
+            if mode == "wal":
+                return
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError(f"could not switch to WAL; journal mode is {mode}")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.2)
+
+
+def add_job_row(
+    s: Session, spec: JobSpec, now: datetime, *, detail: Mapping[str, Any] | None = None
+) -> JobRow:
+    """Insert a queued job and its ``submitted`` event in an open session.
+
+    For callers that write more in the same transaction, e.g. a definition's firing.
+    """
+    row = JobRow(
+        state=JobState.QUEUED.value,
+        username=spec.user,
+        kind=spec.kind.value,
+        priority_class=spec.priority_class.value,
+        submitted_at=now,
+        node=None,
+        held=False,
+        attempt=0,
+        spec=_spec_json(spec),
+        placement=None,
+        handle={},
+    )
+    s.add(row)
+    s.flush()
+    event = EventRow(
+        at=now,
+        job_id=row.id,
+        kind="submitted",
+        from_state=None,
+        to_state=JobState.QUEUED.value,
+        detail={"user": spec.user, **(detail or {})},
+    )
+    add_event_row(s, event)
+    return row
+
+
+def add_event_row(s: Session, row: EventRow) -> None:
+    """Add an event row, last thing before commit.
+
+    On PostgreSQL, ids come from a sequence when inserted, so two transactions could commit
+    ids out of order and a follower reading ``after_id`` would skip one. Holding a lock from
+    the insert to the commit makes ids commit in order. (SQLite writers are serial anyway.)
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
+    s.add(row)
+
+
+def _get_row(s: Session, job_id: int, *, for_update: bool = False) -> JobRow:
+    lock = for_update and s.get_bind().dialect.name != "sqlite"
+    row = s.get(JobRow, job_id, with_for_update=lock)
+    if row is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return row
+
+
+def _check_fields(method: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise TypeError(f"{method}() cannot set {unknown}; it sets {sorted(allowed)}")
+
+
+def _apply(row: JobRow, fields: Mapping[str, Any]) -> None:
+    for key, value in fields.items():
+        if key == "placement":
+            placement = None if value is None else Placement.model_validate(value)
+            row.placement = None if placement is None else placement.model_dump(mode="json")
+            row.node = None if placement is None else placement.node
+        elif key == "spec":
+            spec = JobSpec.model_validate(value)
+            row.spec = _spec_json(spec)
+            row.priority_class = spec.priority_class.value
+        elif key == "handle":
+            row.handle = dict(value or {})
+        else:
+            setattr(row, key, value)
+
+
+def _gpu_weight(row: JobRow) -> float:
+    if row.placement is not None:
+        placement = Placement.model_validate(row.placement)
+        return len(placement.gpu_indices) * placement.share_per_gpu
+    spec = JobSpec.model_validate(row.spec)
+    return spec.gpus * (spec.share_per_gpu or 1.0)
+
+
+def _spec_json(spec: JobSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json")
+
+
+def _json_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if hasattr(value, "model_dump"):
+            value = value.model_dump(mode="json")
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        out[key] = value
+    return out
+
+
+def _job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        spec=JobSpec.model_validate(row.spec),
+        state=JobState(row.state),
+        held=row.held,
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_activity_at=row.last_activity_at,
+        placement=None if row.placement is None else Placement.model_validate(row.placement),
+        exit_code=row.exit_code,
+        reason=row.reason,
+        attempt=row.attempt,
+        handle=dict(row.handle),
+    )
+
+
+def _event(row: EventRow) -> Event:
+    return Event(
+        id=row.id,
+        at=row.at,
+        job_id=row.job_id,
+        kind=row.kind,
+        from_state=None if row.from_state is None else JobState(row.from_state),
+        to_state=None if row.to_state is None else JobState(row.to_state),
+        detail=dict(row.detail),
+    )
