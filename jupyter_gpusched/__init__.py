@@ -12,7 +12,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
     Imported lazily so that importing the server extension never imports IPython.
     """
-    from .magics import load_ipython_extension as _load
+    from .client.magics import load_ipython_extension as _load
 
     _load(ipython)
 
@@ -36,6 +36,6 @@ def checkpointed(when: float | None = None) -> None:
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """Where jupyter_server finds the extension app (imported only when the server loads it)."""
-    from .extension import GpuSchedApp
+    from .server.app import GpuSchedApp
 
     return [{"module": "jupyter_gpusched.server.app", "app": GpuSchedApp}]

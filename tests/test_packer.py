@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from jupyter_gpusched.core.errors import InvalidSpecError
-from jupyter_gpusched.packing.fragmentation import slot_value
 from jupyter_gpusched.packing.packer import (
     POLICIES,
     ClusterState,
@@ -18,6 +17,7 @@ from jupyter_gpusched.packing.packer import (
     pack,
     pack_many,
 )
+from jupyter_gpusched.packing.pricing import slot_value
 
 A100 = NodeShape("a100-0", "A100-80GB", 80, 8, 64, 512, (0, 0, 0, 0, 1, 1, 1, 1))
 T4 = NodeShape("t4-0", "T4", 16, 2, 16, 64)

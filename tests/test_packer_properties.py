@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpusched.packing import fragmentation
+from jupyter_gpusched.packing import fragmentation, pricing
 from jupyter_gpusched.packing.packer import (
     POLICIES,
     ClusterState,
@@ -203,7 +203,7 @@ def test_slot_loss_is_never_negative(shapes: list[tuple[int, int, float]]) -> No
         tuple(PackRequest(k, milli / 1000) for k, milli, _ in shapes),
         tuple(w for _, _, w in shapes),
     )
-    value = fragmentation.slot_value(mix)
+    value = pricing.slot_value(mix)
     assert value[0] == 0 and value[-1] <= 1000 + 1e-6
     assert (np.diff(value) >= -1e-9).all()  # more room is never worth less
     free = np.arange(1001)[:, None]

@@ -17,18 +17,17 @@ refreshes score each distinct state once (``unique_rows``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jupyter_gpusched.core.errors import InvalidSpecError
+from .mix import MILLI, ShapeMix
+from .pricing import slot_loss, slot_value
 
 if TYPE_CHECKING:
-    from .packer import ClusterState, PackRequest
+    from .state import ClusterState, PackRequest
 
-MILLI = 1000  # free GPU share is kept in integer thousandths of a GPU
 _INF = np.inf
 #: share of the "copies that fit" measure in the fragmentation policy's score; the rest is
 #: FGD's "does one still fit" measure. Chosen on all four openb traces together (0.5 and 0.1
@@ -41,97 +40,6 @@ FILL_WEIGHT = 0.25
 LOSS_WEIGHT = 10.0
 #: refreshes of at least this many rows score each distinct node state once
 DEDUP_MIN_ROWS = 64
-
-
-@dataclass(frozen=True, eq=False)
-class ShapeMix:
-    """The task shapes a fragmentation policy keeps room for, with their weights.
-
-    Compared by identity: the state caches per-node statistics per mix object, so keep one
-    object for as long as the mix holds.
-    """
-
-    shapes: tuple[PackRequest, ...]
-    weights: tuple[float, ...]
-    #: (allowed models, share of all requested GPUs) of every model-constrained request group:
-    #: tells the packer which models constrained work depends on (not cut by coverage)
-    model_demand: tuple[tuple[tuple[str, ...], float], ...] = ()
-    #: (milli per GPU, GPUs requested at that size) over all requests (not cut by coverage):
-    #: what ``slot_value`` prices; empty = taken from ``shapes`` and ``weights``
-    gpu_sizes: tuple[tuple[int, float], ...] = ()
-
-    @classmethod
-    def from_requests(
-        cls,
-        requests: Iterable[PackRequest],
-        *,
-        coverage: float = 0.95,
-        weigh: str = "count",
-        ignore_mem: bool = False,
-    ) -> ShapeMix:
-        """The most common shapes covering ``coverage`` of the requests.
-
-        ``weigh="count"`` weights shapes by frequency (FGD); ``"gpus"`` by GPUs they request,
-        so that rare multi-GPU jobs weigh what they occupy. ``ignore_mem`` drops host memory
-        from the shape (FGD's shapes check CPU only).
-        """
-        if weigh not in ("count", "gpus"):
-            raise InvalidSpecError("weigh", f"must be 'count' or 'gpus', not {weigh!r}")
-        seen: dict[PackRequest, int] = {}  # a trace repeats few shapes: normalise each once
-        for r in requests:
-            seen[r] = seen.get(r, 0) + 1
-        counts: dict[PackRequest, float] = {}
-        for r, n in seen.items():
-            key = replace(  # the request's own class: no import of the packer here
-                r,
-                gpu_share=r.gpu_share if r.gpus else 0.0,
-                gpu_mem_gb=r.gpu_mem_gb if r.gpus else None,
-                mem_gb=0 if ignore_mem else r.mem_gb,
-                models=tuple(sorted(set(r.models))) if r.gpus else (),
-            )
-            counts[key] = counts.get(key, 0.0) + n
-        return weighted_mix(counts, coverage, weigh)
-
-
-def gpu_mass(s: PackRequest) -> float:
-    """GPUs a request takes (shares count as fractions; memory-sized ones as whole GPUs)."""
-    return s.gpus * (s.gpu_share if s.gpu_mem_gb is None else 1.0)
-
-
-def weighted_mix(
-    counts: dict[PackRequest, float], coverage: float = 0.95, weigh: str = "gpus"
-) -> ShapeMix:
-    """Mix from shape -> count, keeping the most common shapes covering ``coverage``."""
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    total = sum(counts.values())
-    kept: list[tuple[PackRequest, float]] = []
-    seen = 0.0
-    for shape, n in ranked:
-        if kept and seen >= coverage * total:
-            break
-        kept.append((shape, n * max(gpu_mass(shape), 0.1) if weigh == "gpus" else n))
-        seen += n
-    mass = sum(n * gpu_mass(s) for s, n in counts.items())
-    demand: dict[tuple[str, ...], float] = {}
-    for s, n in counts.items():
-        if s.models and s.gpus:
-            demand[s.models] = demand.get(s.models, 0.0) + n * gpu_mass(s) / max(mass, 1e-12)
-    return ShapeMix(
-        tuple(s for s, _ in kept),
-        tuple(w for _, w in kept),
-        tuple(sorted(demand.items())),
-        _gpu_sizes(counts.items()),
-    )
-
-
-def _gpu_sizes(counts: Iterable[tuple[PackRequest, float]]) -> tuple[tuple[int, float], ...]:
-    """(milli per GPU, GPUs requested) of shapes sized in shares (memory-sized ones vary)."""
-    sizes: dict[int, float] = {}
-    for s, n in counts:
-        if s.gpus and s.gpu_mem_gb is None and n > 0:
-            milli = min(int(np.ceil(round(s.gpu_share * MILLI, 6))), MILLI)
-            sizes[milli] = sizes.get(milli, 0.0) + n * s.gpus
-    return tuple(sorted(sizes.items()))
 
 
 @dataclass
@@ -528,82 +436,3 @@ def metrics(state: ClusterState, shape_mix: ShapeMix | None = None) -> FragMetri
         int(whole[up].max()) if up.any() else 0,
         frag / free if free else 0.0,
     )
-
-
-# -- what a GPU's free share is worth: prices from the fluid bin-packing LP --------------------
-#: the most requested GPU sizes priced by ``slot_value`` (rarer sizes read what fits in them);
-#: keeps the LP small for a live cluster that sees endless shapes
-MAX_PRICED_SIZES = 32
-
-
-def slot_value(mix: ShapeMix) -> np.ndarray:
-    """Worth (in milli) of a GPU with v milli free, v = 0..MILLI, to the mix's requests.
-
-    It is the most the requests could still put there, each priced at what it costs in a
-    best packing.
-
-    Prices come from the fluid bin-packing LP of the mix's GPU sizes (GPUs are bins; a whole
-    GPU costs MILLI): the LP dual ``pi`` (max ``counts . pi`` with every set of sizes that fits
-    one GPU worth at most MILLI) says how much of a GPU each size uses up when GPUs are packed
-    as well as they can be. A 0.81 GPU request then costs a whole GPU (little else fits beside
-    it), a 0.47 half, a 0.32 a third. The worth of v free milli is the best set of sizes that
-    fits (a knapsack), so ``value[v] - value[s] - value[v - s]`` (>= 0) is what putting an s-milli
-    share on that GPU loses for good, e.g. a 0.32 on a GPU holding a 0.47 leaves 0.21 that only
-    rare small shares can use, where a fresh GPU keeps room for a 0.65 or two more 0.32s.
-    """
-    sizes = mix.gpu_sizes or _gpu_sizes(zip(mix.shapes, mix.weights, strict=True))
-    kept = sorted(sizes, key=lambda sn: -sn[1])[:MAX_PRICED_SIZES]
-    if not kept:
-        return np.zeros(MILLI + 1)
-    kept.sort()
-    size = [max(int(k), 1) for k, _ in kept]
-    count = np.array([n for _, n in kept], dtype=np.float64)
-    count /= count.sum()
-    rows = [np.eye(len(size))[j] * (MILLI // k) for j, k in enumerate(size)]
-    for _ in range(100):  # cutting planes: add the set of sizes the prices undervalue most
-        pi = _lp_max(np.array(rows), count)
-        best, fill = _knapsack(size, pi)
-        if best[MILLI] <= 1.0 + 1e-9:
-            break
-        rows.append(fill)
-    best, _ = _knapsack(size, pi / max(best[MILLI], 1.0))
-    return best * MILLI
-
-
-def _knapsack(size: list[int], value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Most value that fits in each free milli 0..MILLI (sizes reusable), and the fill of MILLI.
-
-    Item by item, in strides of the item's size: a stride reads only the one before it.
-    """
-    best = np.zeros(MILLI + 1)
-    for k, v in zip(size, value.tolist(), strict=True):
-        for c in range(k, MILLI + 1, k):
-            e = min(c + k, MILLI + 1)
-            np.maximum(best[c:e], best[c - k : e - k] + v, out=best[c:e])
-    fill = np.zeros(len(size))
-    c = MILLI
-    while c > 0:  # walk back one best fill of a whole GPU
-        for j, k in enumerate(size):
-            if k <= c and best[c - k] + value[j] >= best[c] - 1e-12:
-                fill[j] += 1
-                c -= k
-                break
-        else:
-            c -= 1
-    return best, fill
-
-
-def _lp_max(a: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Maximise c.x subject to a x <= 1, x >= 0 (bounded: every size fits some row)."""
-    from scipy.optimize import linprog  # imported here: only mixes of GPU shares need it
-
-    res = linprog(-c, A_ub=a, b_ub=np.ones(len(a)), bounds=(0, None), method="highs")
-    if not res.success:  # pragma: no cover - the LP is feasible (x = 0) and bounded
-        raise RuntimeError(f"pricing GPU sizes failed: {res.message}")
-    return np.maximum(res.x, 0.0)
-
-
-def slot_loss(st: Stats, free: np.ndarray, take: np.ndarray) -> np.ndarray:
-    """Worth lost for good by taking ``take`` milli from GPUs with ``free`` milli (broadcast)."""
-    take = np.minimum(take, MILLI)
-    return st.value[free] - st.value[take] - st.value[np.maximum(free - take, 0)]
