@@ -61,7 +61,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpusched.core import backfill as B  # noqa: E402
 from jupyter_gpusched.core import policy as P  # noqa: E402
+from jupyter_gpusched.core import preemption as PR  # noqa: E402
 from jupyter_gpusched.core import windows as W  # noqa: E402
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec  # noqa: E402
 from jupyter_gpusched.packing import packer  # noqa: E402
@@ -329,7 +331,7 @@ class Sim:
 
     def estimate(self, j: SimJob) -> float:
         job = j.job or as_job(j)
-        return P.estimate_runtime_s(
+        return B.estimate_runtime_s(
             job,
             self.history.get(j.user, [])[-50:],
             percentile=self.config.runtime_percentile,
@@ -369,7 +371,7 @@ class Sim:
         )
         for r in self.running.values():
             ctx = P.add_to_context(ctx, r.job or as_job(r))
-        reservation: P.Reservation | None = None
+        reservation: B.Reservation | None = None
         for job in order.jobs:
             j = by_id[job.id]
             if sum(self.free) == 0 and not (j.interactive and w.preempt_batch):
@@ -381,10 +383,10 @@ class Sim:
             reply = self.place(j, exclude=claimed)
             if reservation is not None and reply is not None:
                 est = self.estimate(j)
-                if not P.backfill_allowed(job, reservation, now, est, reply.node_name):
+                if not B.backfill_allowed(job, reservation, now, est, reply.node_name):
                     reply = self.place(j, exclude={*claimed, str(reservation.node)})
                 if reply is not None:
-                    reservation = P.consume_spare(
+                    reservation = B.consume_spare(
                         reservation, j.gpus, node=reply.node_name,
                         ends_at=now + timedelta(seconds=est),
                     )  # fmt: skip
@@ -396,13 +398,13 @@ class Sim:
                 ctx = P.add_to_context(ctx, job)
             elif any(owner == j.id for owner, _ in self.claims.values()):
                 mine = next(n for n, (owner, _) in self.claims.items() if owner == j.id)
-                reservation = reservation or P.Reservation(now, mine, 0.0)
+                reservation = reservation or B.Reservation(now, mine, 0.0)
             elif reservation is None:
                 reservation = self.reserve(j, now)
                 if not j.interactive and w.migrate_batch:
                     node = self.migrate_for(j, w, now, reservation)
                     if node is not None:
-                        reservation = P.Reservation(now, node, 0.0)
+                        reservation = B.Reservation(now, node, 0.0)
 
     def checkpoint(self, r: SimJob) -> datetime:
         """The last checkpoint of a running job (every CHECKPOINT_S since it started)."""
@@ -414,7 +416,7 @@ class Sim:
         batch = [r for r in self.running.values() if not r.interactive]
 
         cands = [
-            P.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r))
+            PR.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r))
             for r in batch
         ]
         by_id = {r.id: r for r in batch}
@@ -426,7 +428,7 @@ class Sim:
                 self._release(trial, by_id[i])
             return packer.pack(trial, request).node is not None
 
-        victims = P.choose_preemptions(j.gpus, cands, now, fits, window=w)
+        victims = PR.choose_preemptions(j.gpus, cands, now, fits, window=w)
         if not victims:
             return None
         for v in victims:
@@ -435,13 +437,13 @@ class Sim:
         return self.place(j)
 
     def migrate_for(
-        self, j: SimJob, w: W.Window, now: datetime, reservation: P.Reservation
+        self, j: SimJob, w: W.Window, now: datetime, reservation: B.Reservation
     ) -> str | None:
         """``moves.plan_migration`` on the sim's jobs: the node opened for ``j``, or None."""
         batch = [r for r in self.running.values() if not r.interactive and r.reply is not None]
         by_id = {r.id: r for r in batch}
         cands = [
-            P.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r),
+            PR.PreemptCandidate(r.id, r.gpus, self.when(r.start_s), self.checkpoint(r),
                                str(r.reply.node_name) if r.reply else None)
             for r in batch
         ]  # fmt: skip
@@ -459,7 +461,7 @@ class Sim:
             return True
 
         free = {name: float(f) for name, f in zip(self.names, self.free, strict=True)}
-        move = P.choose_migration(
+        move = PR.choose_migration(
             j.gpus, free, cands, now, reservation.start, plan, window=w, restart_s=RESTART_S
         )
         if move is None:
@@ -471,7 +473,7 @@ class Sim:
         self.push(self.now_s, "wake")  # the moved jobs restart in a pass right after this one
         return move.node
 
-    def reserve(self, j: SimJob, now: datetime) -> P.Reservation:
+    def reserve(self, j: SimJob, now: datetime) -> B.Reservation:
         releases = []
         for r in self.running.values():
             assert r.start_s is not None and r.reply is not None
@@ -479,9 +481,9 @@ class Sim:
             if r.limit_s is not None:
                 est = min(est, r.limit_s)
             end = max(now, self.when(r.start_s + est))
-            releases.append(P.Release(str(r.reply.node_name), r.gpus, end))
+            releases.append(B.Release(str(r.reply.node_name), r.gpus, end))
         free = {name: float(f) for name, f in zip(self.names, self.free, strict=True)}
-        return P.reserved_start(j.gpus, releases, free, now)
+        return B.reserved_start(j.gpus, releases, free, now)
 
     # -------------------------------------------------------------- run
     def run(self, jobs: list[SimJob]) -> dict[str, object]:

@@ -16,7 +16,8 @@ import nbformat
 import pytest_asyncio
 
 from jupyter_gpusched.batch.notebooks import NotebookPlugin, build_submission, parse_request
-from jupyter_gpusched.cluster.sim.cluster import SimCluster, SimNodeSpec
+from jupyter_gpusched.cluster.sim.cluster import SimCluster
+from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.cluster.ssh import SshBackend
 from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.clock import ManualClock, SystemClock

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from _fixtures_ssh import REPO_ROOT, fake_gpu_bin, gpu_state, kill_marked
 
-from jupyter_gpusched.node.agent import short_model
+from jupyter_gpusched.node.probe import short_model
 
 
 @pytest.fixture

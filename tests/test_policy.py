@@ -10,27 +10,31 @@ import pytest
 from _fixtures_policy import T0, make_job
 
 from jupyter_gpusched.cli import policy as policy_cli
+from jupyter_gpusched.core.backfill import (
+    Release,
+    Reservation,
+    backfill_allowed,
+    consume_spare,
+    estimate_runtime_s,
+    reserved_start,
+)
 from jupyter_gpusched.core.models import JobState
 from jupyter_gpusched.core.policy import (
     AdmissionContext,
-    Migration,
-    PreemptCandidate,
-    Release,
-    Reservation,
     UsageRecord,
     add_to_context,
     admit,
-    backfill_allowed,
     batch_runtime_limit_s,
-    choose_migration,
-    choose_preemptions,
-    consume_spare,
-    estimate_runtime_s,
     fair_share_usage,
     gpu_hours_today,
     lease_idle_expired,
     order_queue,
-    reserved_start,
+)
+from jupyter_gpusched.core.preemption import (
+    Migration,
+    PreemptCandidate,
+    choose_migration,
+    choose_preemptions,
 )
 from jupyter_gpusched.core.windows import DEFAULT_WINDOWS, PolicyConfig, Quota, Window
 

@@ -10,17 +10,12 @@ from _fixtures_policy import T0, make_job
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpusched.core.policy import (
+from jupyter_gpusched.core.backfill import Release, backfill_allowed, consume_spare, reserved_start
+from jupyter_gpusched.core.policy import UsageRecord, fair_share_usage, order_queue
+from jupyter_gpusched.core.preemption import (
     PreemptCandidate,
-    Release,
-    UsageRecord,
-    backfill_allowed,
     choose_preemptions,
-    consume_spare,
-    fair_share_usage,
-    order_queue,
     preemption_cost_gpu_s,
-    reserved_start,
 )
 from jupyter_gpusched.core.windows import Window
 

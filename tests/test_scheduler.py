@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from jupyter_gpusched.cluster.sim.cluster import SimCluster, SimNodeSpec
+from jupyter_gpusched.cluster.sim.cluster import SimCluster
+from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.cluster.ssh import SshBackend
 from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.clock import ManualClock, SystemClock
 from jupyter_gpusched.core.errors import ConflictError, ForbiddenError, InfeasibleError
 from jupyter_gpusched.core.models import Job, JobKind, JobState, parse_spec
-from jupyter_gpusched.core.policy import PreemptCandidate, preemption_cost_gpu_s
+from jupyter_gpusched.core.preemption import PreemptCandidate, preemption_cost_gpu_s
 from jupyter_gpusched.scheduling.scheduler import Scheduler
 from jupyter_gpusched.store.store import Store
 

@@ -19,12 +19,8 @@ import asyncssh
 import pytest
 import pytest_asyncio
 
-from jupyter_gpusched.cluster.sim.cluster import (
-    DEFAULT_SIM_NODES,
-    SimCluster,
-    SimNodeSpec,
-    gpu_state,
-)
+from jupyter_gpusched.cluster.sim.cluster import SimCluster
+from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES, SimNodeSpec, gpu_state
 from jupyter_gpusched.cluster.ssh import SshBackend
 from jupyter_gpusched.core.clock import ManualClock
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError

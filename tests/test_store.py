@@ -412,7 +412,7 @@ def test_default_url_is_a_sqlite_file_in_the_jupyter_data_dir(
 
 
 def test_plain_postgresql_urls_use_psycopg3() -> None:
-    from jupyter_gpusched.store.store import normalize_url
+    from jupyter_gpusched.store.engine import normalize_url
 
     assert normalize_url("postgresql://u:p@db/x") == "postgresql+psycopg://u:p@db/x"
     assert normalize_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

@@ -36,8 +36,9 @@ from jupyter_gpusched.core.models import (
     JobState,
     Placement,
 )
+from jupyter_gpusched.store.engine import alembic_config
 from jupyter_gpusched.store.orm import Base, EventRow, JobRow, UsageRow
-from jupyter_gpusched.store.store import VERSION_TABLE, Store, alembic_config
+from jupyter_gpusched.store.store import VERSION_TABLE, Store
 
 ROUNDS = 3
 WRITERS = 2

@@ -13,8 +13,9 @@ from sqlalchemy import inspect
 
 from jupyter_gpusched.core.clock import ManualClock
 from jupyter_gpusched.core.models import JobSpec, JobState
+from jupyter_gpusched.store.engine import alembic_config
 from jupyter_gpusched.store.orm import Base
-from jupyter_gpusched.store.store import VERSION_TABLE, Store, alembic_config
+from jupyter_gpusched.store.store import VERSION_TABLE, Store
 
 TABLES = {"jobs", "events", "usage", "nodes"}
 

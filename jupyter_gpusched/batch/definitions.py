@@ -67,7 +67,8 @@ from jupyter_gpusched.core.errors import (
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.core.windows import local_boundary
 from jupyter_gpusched.store.orm import Base, EventRow
-from jupyter_gpusched.store.store import Store, add_event_row, add_job_row
+from jupyter_gpusched.store.rows import add_event_row, add_job_row
+from jupyter_gpusched.store.store import Store
 
 log = logging.getLogger(__name__)
 

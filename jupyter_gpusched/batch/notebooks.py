@@ -51,7 +51,7 @@ from jupyter_gpusched.core.models import (
 )
 from jupyter_gpusched.node.nbrun import parse_progress
 from jupyter_gpusched.store.orm import Base, EventRow
-from jupyter_gpusched.store.store import add_event_row
+from jupyter_gpusched.store.rows import add_event_row
 
 from .definitions import Definitions, check_schedule, check_timezone
 

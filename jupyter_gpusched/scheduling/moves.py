@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from jupyter_gpusched.core import policy
+from jupyter_gpusched.core import policy, preemption
 from jupyter_gpusched.core.models import Job, PriorityClass
 from jupyter_gpusched.core.windows import Window
 from jupyter_gpusched.packing import packer
@@ -53,7 +53,7 @@ def plan_preemption(
         trial = _without(state, [by_id[i] for i in freed])
         return packer.pack(trial, request, policy=packer_policy).node is not None
 
-    return policy.choose_preemptions(policy.job_gpus(lease), batch, now, fits)
+    return preemption.choose_preemptions(policy.job_gpus(lease), batch, now, fits)
 
 
 def plan_migration(
@@ -65,7 +65,7 @@ def plan_migration(
     *,
     window: Window,
     packer_policy: str,
-) -> policy.Migration | None:
+) -> preemption.Migration | None:
     """Batch jobs to move off one node so ``waiting`` starts there now, or None.
 
     A plan holds when, with the moved jobs gone, ``waiting`` fits on the node and then every
@@ -91,6 +91,6 @@ def plan_migration(
             trial.allocate(again, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
         return True
 
-    return policy.choose_migration(
+    return preemption.choose_migration(
         policy.job_gpus(waiting), free, batch, now, reserved, plan, window=window
     )

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import policy, windows
+from jupyter_gpusched.core import backfill, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
@@ -285,7 +285,7 @@ class Scheduler:
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
         ctx = self._admission_context(now, active, state)
-        head: policy.Reservation | None = None
+        head: backfill.Reservation | None = None
         for job in order.jobs:
             admission = policy.admit(job, ctx)
             if not admission.ok:
@@ -296,8 +296,8 @@ class Scheduler:
             reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
             estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
-                backfill = policy.backfill_allowed(job, head, now, estimate, node=reply.node_name)
-                if not backfill.ok:
+                fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
+                if not fits.ok:
                     # Where the packer wanted it the job would delay the head: another node
                     # never does, so try those before leaving it waiting.
                     reply = packer.pack(
@@ -307,7 +307,7 @@ class Scheduler:
                         exclude={*claimed, *([head.node] if head.node else [])},
                     )
                     if reply.node is None:
-                        self._set_reason(job, backfill.reason)
+                        self._set_reason(job, fits.reason)
                         continue
             if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
                 if active.window.preempt_batch and await self._preempt_for(job, state):
@@ -317,7 +317,7 @@ class Scheduler:
                 mine = [n for n, owner in claims.items() if owner == job.id]
                 if mine:  # batch jobs are moving off its node: keep it for this job
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
-                    head = head or policy.Reservation(now, mine[0], 0.0)
+                    head = head or backfill.Reservation(now, mine[0], 0.0)
                     continue
                 self._set_reason(job, f"waiting: no room ({reply.reason})")
                 if head is None:
@@ -327,11 +327,11 @@ class Scheduler:
                         node = await self._migrate_for(job, state, head, active.window)
                         if node is not None:
                             claims[node] = job.id
-                            head = policy.Reservation(now, node, 0.0)
+                            head = backfill.Reservation(now, node, 0.0)
                 continue
             if head is not None:
                 ends = now + timedelta(seconds=estimate)
-                head = policy.consume_spare(
+                head = backfill.consume_spare(
                     head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
                 )
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
@@ -356,16 +356,16 @@ class Scheduler:
         history, _ = self.store.list_jobs(
             states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
         )
-        return policy.estimate_runtime_s(job, history)
+        return backfill.estimate_runtime_s(job, history)
 
     def _reserved_start(
         self, head: Job, now: datetime, state: packer.ClusterState
-    ) -> policy.Reservation:
+    ) -> backfill.Reservation:
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         whole_free = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
         counts = whole_free.sum(axis=1)
         free = {name: float(n) for name, n in zip(state.node_names, counts, strict=True)}
-        return policy.reserved_start(head, running, free, now, estimate=self._estimate)
+        return backfill.reserved_start(head, running, free, now, estimate=self._estimate)
 
     async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
         running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
@@ -380,7 +380,11 @@ class Scheduler:
         return True
 
     async def _migrate_for(
-        self, job: Job, state: packer.ClusterState, head: policy.Reservation, window: windows.Window
+        self,
+        job: Job,
+        state: packer.ClusterState,
+        head: backfill.Reservation,
+        window: windows.Window,
     ) -> str | None:
         """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
         now = self.clock.now()

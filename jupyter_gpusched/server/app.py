@@ -144,7 +144,7 @@ class GpuSchedApp(ExtensionApp):
 
     @validate("sim_nodes")
     def _check_sim_nodes(self, proposal: dict[str, Any]) -> list[dict[str, Any]] | None:
-        from jupyter_gpusched.cluster.sim.cluster import SimNodeSpec
+        from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 
         for node in proposal["value"] or ():
             try:
@@ -166,9 +166,10 @@ class GpuSchedApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         """Mount the REST and websocket routes, the plugins' routes before the catch-all 404."""
-        from jupyter_gpusched.server.handlers.base import NO_ROUTE, default_handlers
+        from .handlers import cluster, events, jobs
+        from .handlers.base import NO_ROUTE
 
-        routes = [h for h in default_handlers if h is not NO_ROUTE]
+        routes = [*jobs.handlers, *cluster.handlers, *events.handlers]
         for plugin in self._plugins():
             routes.extend(plugin.handlers)
         self.handlers.extend([*routes, NO_ROUTE])
@@ -231,11 +232,8 @@ class GpuSchedApp(ExtensionApp):
         else:
             from pathlib import Path
 
-            from jupyter_gpusched.cluster.sim.cluster import (
-                DEFAULT_SIM_NODES,
-                SimCluster,
-                SimNodeSpec,
-            )
+            from jupyter_gpusched.cluster.sim.cluster import SimCluster
+            from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES, SimNodeSpec
 
             specs = DEFAULT_SIM_NODES
             if self.sim_nodes is not None:

@@ -25,32 +25,27 @@ Durability and consistency
 from __future__ import annotations
 
 import contextlib
-import sqlite3
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
-    create_engine,
-    event,
     func,
     or_,
     select,
     text,
     update,
 )
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
-from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -59,24 +54,28 @@ from jupyter_gpusched.core.models import (
     JobKind,
     JobSpec,
     JobState,
-    Placement,
     PriorityClass,
     check_transition,
 )
 
+from .engine import alembic_config, make_engine, normalize_url
 from .orm import EventRow, JobRow, NodeRow, UsageRow
-
-if TYPE_CHECKING:
-    from alembic.config import Config
+from .rows import (
+    _apply,
+    _check_fields,
+    _event,
+    _get_row,
+    _gpu_weight,
+    _job,
+    _json_fields,
+    add_event_row,
+    add_job_row,
+)
 
 #: Alembic's bookkeeping table; named for us so a shared PostgreSQL database stays readable.
 VERSION_TABLE = "gpusched_alembic_version"
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 #: Key of the PostgreSQL advisory lock that keeps two servers from migrating at once.
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
-#: Key of the PostgreSQL advisory lock held from an event's insert to its commit.
-_EVENTS_LOCK_KEY = 0x67707573636865
-_BUSY_TIMEOUT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -118,30 +117,6 @@ _ORDERS = {
 }
 
 
-def normalize_url(url: str) -> str:
-    """Pick the psycopg (v3) driver for plain ``postgresql://`` URLs; other URLs pass as is."""
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
-
-
-def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
-    """An Alembic config for the migrations shipped in this package; no ``alembic.ini`` needed.
-
-    Pass the ``connection`` to migrate on (its open transaction is used), or a ``url`` for
-    Alembic commands that connect themselves (``revision --autogenerate``).
-    """
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    if url is not None:
-        config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
-    config.attributes["connection"] = connection
-    return config
-
-
 class Store:
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
@@ -159,7 +134,7 @@ class Store:
     def __init__(self, url: str, *, clock: Clock, echo: bool = False) -> None:
         self.url = normalize_url(url)
         self._clock = clock
-        self._engine = _make_engine(self.url, echo=echo)
+        self._engine = make_engine(self.url, echo=echo)
         self.dialect = self._engine.dialect.name
         # A page and its total come from one snapshot on PostgreSQL too.
         reads = (
@@ -523,189 +498,3 @@ class Store:
                 yield s
         except StaleDataError:
             raise ConflictError("the job changed meanwhile; reload it and try again") from None
-
-
-def _make_engine(url: str, *, echo: bool) -> Engine:
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
-    memory = parsed.database in (None, "", ":memory:")
-    engine = create_engine(
-        url,
-        echo=echo,
-        connect_args={"check_same_thread": False, "timeout": _BUSY_TIMEOUT_MS / 1000},
-        poolclass=StaticPool if memory else None,
-    )
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Hand transaction control to SQLAlchemy's BEGIN below; the sqlite3 module's own
-        # implicit transactions would start too late for a read-check-write.
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        if not memory:
-            _enable_wal(cursor)
-        cursor.execute("PRAGMA synchronous = FULL")
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("gpusched_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
-
-    return engine
-
-
-def _enable_wal(cursor: Any) -> None:
-    """Switch a file database to WAL, waiting for other first-time openers.
-
-    Switching needs an exclusive lock, and SQLite answers "database is locked" at once instead
-    of honouring ``busy_timeout`` when two processes open a fresh file together.
-    """
-    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
-    delay_s = 0.005
-    while True:
-        try:
-            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0].lower()
-            if mode != "wal":
-                mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower()
-            if mode == "wal":
-                return
-            if time.monotonic() > deadline:
-                raise sqlite3.OperationalError(f"could not switch to WAL; journal mode is {mode}")
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(delay_s)
-            delay_s = min(delay_s * 2, 0.2)
-
-
-def add_job_row(
-    s: Session, spec: JobSpec, now: datetime, *, detail: Mapping[str, Any] | None = None
-) -> JobRow:
-    """Insert a queued job and its ``submitted`` event in an open session.
-
-    For callers that write more in the same transaction, e.g. a definition's firing.
-    """
-    row = JobRow(
-        state=JobState.QUEUED.value,
-        username=spec.user,
-        kind=spec.kind.value,
-        priority_class=spec.priority_class.value,
-        submitted_at=now,
-        node=None,
-        held=False,
-        attempt=0,
-        spec=_spec_json(spec),
-        placement=None,
-        handle={},
-    )
-    s.add(row)
-    s.flush()
-    event = EventRow(
-        at=now,
-        job_id=row.id,
-        kind="submitted",
-        from_state=None,
-        to_state=JobState.QUEUED.value,
-        detail={"user": spec.user, **(detail or {})},
-    )
-    add_event_row(s, event)
-    return row
-
-
-def add_event_row(s: Session, row: EventRow) -> None:
-    """Add an event row, last thing before commit.
-
-    On PostgreSQL, ids come from a sequence when inserted, so two transactions could commit
-    ids out of order and a follower reading ``after_id`` would skip one. Holding a lock from
-    the insert to the commit makes ids commit in order. (SQLite writers are serial anyway.)
-    """
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
-    s.add(row)
-
-
-def _get_row(s: Session, job_id: int, *, for_update: bool = False) -> JobRow:
-    lock = for_update and s.get_bind().dialect.name != "sqlite"
-    row = s.get(JobRow, job_id, with_for_update=lock)
-    if row is None:
-        raise NotFoundError(f"job {job_id} does not exist")
-    return row
-
-
-def _check_fields(method: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise TypeError(f"{method}() cannot set {unknown}; it sets {sorted(allowed)}")
-
-
-def _apply(row: JobRow, fields: Mapping[str, Any]) -> None:
-    for key, value in fields.items():
-        if key == "placement":
-            placement = None if value is None else Placement.model_validate(value)
-            row.placement = None if placement is None else placement.model_dump(mode="json")
-            row.node = None if placement is None else placement.node
-        elif key == "spec":
-            spec = JobSpec.model_validate(value)
-            row.spec = _spec_json(spec)
-            row.priority_class = spec.priority_class.value
-        elif key == "handle":
-            row.handle = dict(value or {})
-        else:
-            setattr(row, key, value)
-
-
-def _gpu_weight(row: JobRow) -> float:
-    if row.placement is not None:
-        placement = Placement.model_validate(row.placement)
-        return len(placement.gpu_indices) * placement.share_per_gpu
-    spec = JobSpec.model_validate(row.spec)
-    return spec.gpus * (spec.share_per_gpu or 1.0)
-
-
-def _spec_json(spec: JobSpec) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
-
-
-def _json_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        if hasattr(value, "model_dump"):
-            value = value.model_dump(mode="json")
-        elif isinstance(value, datetime):
-            value = value.isoformat()
-        out[key] = value
-    return out
-
-
-def _job(row: JobRow) -> Job:
-    return Job(
-        id=row.id,
-        spec=JobSpec.model_validate(row.spec),
-        state=JobState(row.state),
-        held=row.held,
-        submitted_at=row.submitted_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        last_activity_at=row.last_activity_at,
-        placement=None if row.placement is None else Placement.model_validate(row.placement),
-        exit_code=row.exit_code,
-        reason=row.reason,
-        attempt=row.attempt,
-        handle=dict(row.handle),
-    )
-
-
-def _event(row: EventRow) -> Event:
-    return Event(
-        id=row.id,
-        at=row.at,
-        job_id=row.job_id,
-        kind=row.kind,
-        from_state=None if row.from_state is None else JobState(row.from_state),
-        to_state=None if row.to_state is None else JobState(row.to_state),
-        detail=dict(row.detail),
-    )

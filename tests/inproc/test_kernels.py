@@ -12,7 +12,8 @@ from _fixtures_server import conforms
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from jupyter_gpusched.core.models import Job, JobSpec
-from jupyter_gpusched.leases.bridge import PORT_KEYS, connection_file_name, lease_command
+from jupyter_gpusched.leases.bridge import connection_file_name, lease_command
+from jupyter_gpusched.node.kernel import PORT_KEYS
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -64,7 +65,7 @@ def test_a_lease_runs_this_module_as_a_kernel_writing_its_connection_file_by_job
     assert lease_command(job, "/opt/py/bin/python") == [
         "/opt/py/bin/python",
         "-m",
-        "jupyter_gpusched.leases.bridge",
+        "jupyter_gpusched.node.kernel",
         "kernel",
         "--connection-file",
         "kernel-7.2.json",

@@ -31,8 +31,6 @@ import signal
 import socket
 import sys
 import tempfile
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,88 +41,21 @@ from jupyter_gpusched.cluster.ssh import NodeConfig
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
 
 from .nvml import STATE_ENV, node_pids
+from .server import (
+    _Node,
+    _NodeServer,
+    _NodeSftp,
+    _pump_out,
+    _pump_stdin,
+    _relay_signals,
+    _signal_group,
+)
+from .specs import DEFAULT_SIM_NODES, SimNodeSpec, gpu_state
 
-__all__ = ["DEFAULT_SIM_NODES", "GPU_MODELS", "SimCluster", "SimNodeSpec", "gpu_state"]
+__all__ = ["SimCluster"]
 
 NVML_MODULE = "jupyter_gpusched.cluster.sim.nvml"
 _KILL_GRACE_S = 2.0  # after the client hangs up: SIGTERM, then SIGKILL the command's group
-_CHUNK = 65536
-
-
-@dataclass(frozen=True)
-class SimNodeSpec:
-    """One simulated node: its GPUs and host resources."""
-
-    name: str
-    gpu_model: str  # short model name, a key of GPU_MODELS, e.g. "A100-80GB"
-    gpu_mem_gb: float  # memory of each GPU
-    gpus: int
-    cpus: int
-    mem_gb: float  # host memory
-    nvlink_pairs: bool = False  # GPUs 0-1, 2-3, ... joined by NVLink
-
-
-@dataclass(frozen=True)
-class _GpuModel:
-    nvml_name: str  # what nvmlDeviceGetName answers
-    nvlink_links: int  # NVLink links per GPU when the node has NVLink
-    power_idle_mw: int
-    power_max_mw: int
-
-
-GPU_MODELS: dict[str, _GpuModel] = {
-    "A100-80GB": _GpuModel("NVIDIA A100-SXM4-80GB", 12, 55_000, 400_000),
-    "A100-40GB": _GpuModel("NVIDIA A100-SXM4-40GB", 12, 50_000, 400_000),
-    "H100-80GB": _GpuModel("NVIDIA H100 80GB HBM3", 18, 70_000, 700_000),
-    "V100-32GB": _GpuModel("Tesla V100-SXM2-32GB", 6, 40_000, 300_000),
-    "T4": _GpuModel("Tesla T4", 0, 10_000, 70_000),
-}
-"""NVML names and power range of the models the simulator knows; others get a generic entry."""
-
-DEFAULT_SIM_NODES: tuple[SimNodeSpec, ...] = (
-    SimNodeSpec("a100-0", "A100-80GB", 80, 8, cpus=64, mem_gb=512, nvlink_pairs=True),
-    SimNodeSpec("a100-1", "A100-80GB", 80, 8, cpus=64, mem_gb=512, nvlink_pairs=True),
-    SimNodeSpec("v100-0", "V100-32GB", 32, 4, cpus=32, mem_gb=256),
-    SimNodeSpec("t4-0", "T4", 16, 2, cpus=16, mem_gb=64),
-)
-"""The cluster a fresh install runs on: 2 x 8 A100-80GB (NVLink pairs), 4 V100, 2 T4."""
-
-# Buses of the eight GPUs of a DGX A100; further GPUs continue in steps of 8.
-_PCI_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
-
-
-def gpu_state(spec: SimNodeSpec) -> dict[str, Any]:
-    """The initial ``gpus.json`` content of a node: static GPU facts, no foreign processes."""
-    model = GPU_MODELS.get(
-        spec.gpu_model,
-        _GpuModel(f"NVIDIA {spec.gpu_model}", 12 if spec.nvlink_pairs else 0, 50_000, 300_000),
-    )
-    gpus = []
-    for i in range(spec.gpus):
-        peer = i ^ 1 if spec.nvlink_pairs and (i ^ 1) < spec.gpus else None
-        bus = _PCI_BUSES[i] if i < len(_PCI_BUSES) else 0xC0 + 8 * (i - len(_PCI_BUSES))
-        gpus.append(
-            {
-                "index": i,
-                # Stable per node name and index, so a restarted sim reports the same UUIDs.
-                "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpusched-sim/{spec.name}/{i}')}",
-                "name": model.nvml_name,
-                "mem_total_mb": spec.gpu_mem_gb * 1024,
-                "pci_bus_id": f"00000000:{bus % 256:02X}:00.0",
-                "nvlink_links": model.nvlink_links if spec.nvlink_pairs else 0,
-                "nvlink_peer": peer,
-                "power_idle_mw": model.power_idle_mw,
-                "power_max_mw": model.power_max_mw,
-            }
-        )
-    return {
-        "version": 1,
-        "node": spec.name,
-        "cpus": spec.cpus,
-        "mem_gb": spec.mem_gb,
-        "gpus": gpus,
-        "foreign": [],
-    }
 
 
 def _port_outside_ephemeral_range() -> int:
@@ -164,137 +95,6 @@ def _write_secret(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-
-
-@dataclass
-class _Node:
-    """Runtime of one simulated node."""
-
-    spec: SimNodeSpec
-    dir: Path
-    host_key: asyncssh.SSHKey
-    port: int = 0
-    listener: asyncssh.SSHAcceptor | None = None
-    conns: set[asyncssh.SSHServerConnection] = field(default_factory=set)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def state_path(self) -> Path:
-        return self.dir / "gpus.json"
-
-    @property
-    def home(self) -> Path:
-        return self.dir / "home"
-
-
-class _NodeServer(asyncssh.SSHServer):
-    """Per-connection server: tracks connections and allows port forwarding (remote kernels)."""
-
-    def __init__(self, node: _Node) -> None:
-        self._node = node
-        self._conn: asyncssh.SSHServerConnection | None = None
-
-    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
-        self._conn = conn
-        self._node.conns.add(conn)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._conn is not None:
-            self._node.conns.discard(self._conn)
-
-    def connection_requested(
-        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
-    ) -> bool:
-        """Allow ``forward_local_port`` (asyncssh refuses it unless told otherwise)."""
-        return True
-
-    def unix_connection_requested(self, dest_path: str) -> bool:
-        """Allow ``forward_local_port_to_path`` (kernels on IPC sockets)."""
-        return True
-
-
-class _NodeSftp(asyncssh.SFTPServer):
-    """SFTP confined to the node's directory; relative paths start in the node's $HOME, as sshd."""
-
-    def __init__(self, chan: asyncssh.SSHServerChannel, *, root: Path, home: Path) -> None:
-        super().__init__(chan)
-        self._root = os.fsencode(os.path.realpath(root))
-        self._home = os.fsencode(home)
-
-    def map_path(self, path: bytes) -> bytes:
-        """Resolve against $HOME and refuse anything outside the node's directory."""
-        full = os.path.normpath(os.path.join(self._home, path))
-        real = os.path.realpath(full)  # checked through symlinks; operated on as named
-        if real != self._root and not real.startswith(self._root + b"/"):
-            raise asyncssh.SFTPPermissionDenied("outside this simulated node's directory")
-        return full
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _relay_signals(process: asyncssh.SSHServerProcess[bytes], pgid: int) -> None:
-    """Deliver SSH signal/break requests to the command's process group, as sshd does.
-
-    asyncssh queues them on stdin, where nobody reads after the client's EOF; taking them as
-    they arrive works whether or not stdin is still open.
-    """
-
-    def on_signal(name: str) -> None:
-        sig = getattr(signal, f"SIG{name}", None)
-        if isinstance(sig, signal.Signals):
-            _signal_group(pgid, sig)
-
-    def on_break(msec: int) -> bool:
-        _signal_group(pgid, signal.SIGINT)
-        return True
-
-    process.signal_received = on_signal  # type: ignore[method-assign,assignment]
-    process.break_received = on_break  # type: ignore[method-assign]
-
-
-async def _pump_stdin(
-    process: asyncssh.SSHServerProcess[bytes], proc: asyncio.subprocess.Process
-) -> None:
-    """Client -> command stdin with backpressure (and signals queued before the command ran)."""
-    assert proc.stdin is not None
-    try:
-        while True:
-            try:
-                data = await process.stdin.read(_CHUNK)
-            except asyncssh.SignalReceived as exc:
-                sig = getattr(signal, f"SIG{exc.signal}", None)
-                if isinstance(sig, signal.Signals):
-                    _signal_group(proc.pid, sig)
-                continue
-            except asyncssh.BreakReceived:
-                _signal_group(proc.pid, signal.SIGINT)
-                continue
-            except asyncssh.TerminalSizeChanged:
-                continue
-            if not data:
-                break
-            proc.stdin.write(data)
-            await proc.stdin.drain()
-    except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
-        pass  # the command stopped reading, or the channel went away
-    finally:
-        proc.stdin.close()
-
-
-async def _pump_out(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -> None:
-    """Command stdout/stderr -> channel; keeps draining the pipe if the channel is gone."""
-    broken = False
-    while data := await source.read(_CHUNK):
-        if broken:
-            continue
-        try:
-            sink.write(data)
-            await sink.drain()
-        except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
-            broken = True
 
 
 class SimCluster:

@@ -24,14 +24,13 @@ from jupyter_gpusched.batch.notebooks import (
 )
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
 
-from .base import API, MAX_LIMIT, ApiHandler
+from .base import API, MAX_ID, MAX_LIMIT, ApiHandler
 
-_MAX_ID = 2**63 - 1
 _PATCHABLE = frozenset({"paused", "schedule", "timezone", "catch_up", "name"})
 
 
 def _definition_id(text: str) -> int:
-    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > _MAX_ID:
+    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > MAX_ID:
         raise NotFoundError(
             f"definition {text} does not exist; list them with GET gpusched/api/definitions"
         )

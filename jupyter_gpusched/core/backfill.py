@@ -1,0 +1,174 @@
+"""Backfill: when the head of the queue is expected to start, and who may start before it.
+
+Runtimes are declared (``max_runtime_s``) or estimated from the user's finished jobs; running
+jobs' expected ends give the head's reservation, and a job may jump ahead only where it does
+not delay that reservation. Pure functions; ``now`` is always passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from .models import Job
+from .policy import Admission, job_gpus
+from .windows import _aware
+
+# --------------------------------------------------------------------------------------------
+# Backfill
+
+
+def runtime_s(job: Job) -> float | None:
+    """How long a finished job ran, None when it never started or has not ended."""
+    if job.started_at is None or job.finished_at is None:
+        return None
+    return max(0.0, (job.finished_at - job.started_at).total_seconds())
+
+
+def estimate_runtime_s(
+    job: Job,
+    history: Iterable[Job | float],
+    *,
+    percentile: float = 90.0,
+    default_s: float = 4 * 3600.0,
+) -> float:
+    """Declared ``max_runtime_s``, else a percentile of the owner's past runtimes, else default.
+
+    ``history`` holds the owner's finished jobs (or their runtimes in seconds).
+    """
+    if job.spec.max_runtime_s is not None:
+        return job.spec.max_runtime_s
+    past = sorted(
+        x for x in (h if isinstance(h, (int, float)) else runtime_s(h) for h in history) if x
+    )
+    if not past:
+        return default_s
+    rank = max(1, math.ceil(percentile / 100.0 * len(past)))  # nearest-rank percentile
+    return float(past[rank - 1])
+
+
+@dataclass(frozen=True)
+class Release:
+    """GPUs a running job will free, and when it is expected to."""
+
+    # Node the GPUs are on ("*" when placement is count-based).
+    node: str
+    # GPUs freed.
+    gpus: float
+    # Expected end (UTC): start + declared or estimated runtime.
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Where and when the head of the queue is expected to start."""
+
+    # Earliest expected start (UTC); None = not even all running jobs ending would do.
+    start: datetime | None
+    # Node reserved for it ("*" when placement is count-based).
+    node: str | None
+    # GPUs still free on that node at ``start`` beyond what the head needs.
+    spare_gpus: float
+
+
+def releases_of(
+    running: Iterable[Job], estimate: Callable[[Job], float], now: datetime
+) -> list[Release]:
+    """Expected releases of running jobs: start + estimated runtime, never before ``now``."""
+    out = []
+    for job in running:
+        start = job.started_at or now
+        end = max(_aware(now), start + timedelta(seconds=estimate(job)))
+        node = job.placement.node if job.placement is not None else "*"
+        out.append(Release(node, job_gpus(job), end))
+    return out
+
+
+def reserved_start(
+    head: Job | float,
+    running: Iterable[Job | Release],
+    free_gpus: float | Mapping[str, float],
+    now: datetime,
+    *,
+    estimate: Callable[[Job], float] | None = None,
+) -> Reservation:
+    """Earliest time some node has the head's GPUs free, from running jobs' expected ends.
+
+    ``free_gpus`` is per node, or one number for count-based placement (node "*").
+    ``estimate`` gives a running job's expected runtime (default: declared, else 4 h).
+    """
+    now = _aware(now)
+    need = job_gpus(head) if isinstance(head, Job) else float(head)
+    free = dict(free_gpus) if isinstance(free_gpus, Mapping) else {"*": float(free_gpus)}
+    guess = estimate or (lambda j: estimate_runtime_s(j, ()))
+    rels = [r for r in running if isinstance(r, Release)]
+    rels += releases_of((j for j in running if isinstance(j, Job)), guess, now)
+    if not isinstance(free_gpus, Mapping):
+        rels = [replace(r, node="*") for r in rels]
+    best = _first_fit(free, need)
+    if best is not None:
+        return Reservation(now, best, free[best] - need)
+    for rel in sorted(rels, key=lambda r: (r.at, r.node)):
+        free[rel.node] = free.get(rel.node, 0.0) + rel.gpus
+        if free[rel.node] + 1e-9 >= need:
+            return Reservation(max(now, rel.at), rel.node, free[rel.node] - need)
+    return Reservation(None, None, 0.0)
+
+
+def _first_fit(free: Mapping[str, float], gpus: float) -> str | None:
+    fitting = [n for n, f in free.items() if f + 1e-9 >= gpus]
+    return min(fitting, key=lambda n: (free[n], n)) if fitting else None
+
+
+def backfill_allowed(
+    candidate: Job,
+    reservation: Reservation | datetime | None,
+    now: datetime,
+    runtime_estimate_s: float,
+    node: str | None = None,
+) -> Admission:
+    """Whether starting ``candidate`` (on ``node``, if known) cannot delay the reserved head.
+
+    Allowed when there is no reservation, the job lands on another node, fits in the reserved
+    node's spare GPUs, or is expected to end by the reserved start. A bare datetime stands for
+    a reservation with no spare GPUs on an unknown node (the conservative reading).
+    """
+    if isinstance(reservation, datetime):
+        reservation = Reservation(reservation, None, 0.0)
+    if reservation is None or reservation.start is None:
+        return Admission(True)
+    if node is not None and reservation.node not in (None, "*", node):
+        return Admission(True)
+    if job_gpus(candidate) <= reservation.spare_gpus + 1e-9:
+        return Admission(True)
+    if _aware(now) + timedelta(seconds=runtime_estimate_s) <= reservation.start:
+        return Admission(True)
+    return Admission(
+        False,
+        "waiting: would delay the queue's head, due to start at "
+        f"{reservation.start.isoformat(timespec='minutes')}",
+    )
+
+
+def consume_spare(
+    reservation: Reservation,
+    gpus: float,
+    *,
+    node: str | None = None,
+    ends_at: datetime | None = None,
+) -> Reservation:
+    """The reservation after a job started beside it (on ``node``, expected to end ``ends_at``).
+
+    Only a job that still holds the reserved node's GPUs at the reserved start takes from its
+    spare GPUs: one on another node, or expected to end by then, leaves them alone. Unknown
+    node or end count against the spare (the conservative reading).
+    """
+    if reservation.start is None:
+        return reservation
+    if node is not None and reservation.node not in (None, "*", node):
+        return reservation
+    if ends_at is not None and _aware(ends_at) <= reservation.start:
+        return reservation
+    return replace(reservation, spare_gpus=max(0.0, reservation.spare_gpus - gpus))

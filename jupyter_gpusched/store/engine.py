@@ -1,0 +1,108 @@
+"""Database engines: SQLite tuned to be the truth (WAL, fsync, write lock up front), or any URL.
+
+SQLite runs in WAL mode with ``synchronous=FULL`` and writers take the lock with ``BEGIN
+IMMEDIATE`` (see :mod:`.store`); other URLs (PostgreSQL) get a pre-pinged pool.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+#: How long a SQLite writer waits for another one's lock.
+_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, *, echo: bool) -> Engine:
+    """An engine for ``url``; SQLite files get WAL, full fsync and a busy timeout."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, echo=echo, pool_pre_ping=True)
+    memory = parsed.database in (None, "", ":memory:")
+    engine = create_engine(
+        url,
+        echo=echo,
+        connect_args={"check_same_thread": False, "timeout": _BUSY_TIMEOUT_MS / 1000},
+        poolclass=StaticPool if memory else None,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Hand transaction control to SQLAlchemy's BEGIN below; the sqlite3 module's own
+        # implicit transactions would start too late for a read-check-write.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        if not memory:
+            _enable_wal(cursor)
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("gpusched_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch a file database to WAL, waiting for other first-time openers.
+
+    Switching needs an exclusive lock, and SQLite answers "database is locked" at once instead
+    of honouring ``busy_timeout`` when two processes open a fresh file together.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.005
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0].lower()
+            if mode != "wal":
+                mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower()
+            if mode == "wal":
+                return
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError(f"could not switch to WAL; journal mode is {mode}")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.2)
+
+
+def normalize_url(url: str) -> str:
+    """Pick the psycopg (v3) driver for plain ``postgresql://`` URLs; other URLs pass as is."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    """An Alembic config for the migrations shipped in this package; no ``alembic.ini`` needed.
+
+    Pass the ``connection`` to migrate on (its open transaction is used), or a ``url`` for
+    Alembic commands that connect themselves (``revision --autogenerate``).
+    """
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config

@@ -1,0 +1,159 @@
+"""Rows <-> models: insert and read job and event rows inside a caller's open session.
+
+The store's methods and the batch features' own transactions (a definition firing, notebook
+progress) write through these, so a job row and its event are always written the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    text,
+)
+from sqlalchemy.orm import Session
+
+from jupyter_gpusched.core.errors import NotFoundError
+from jupyter_gpusched.core.models import (
+    Event,
+    Job,
+    JobSpec,
+    JobState,
+    Placement,
+)
+
+from .orm import EventRow, JobRow
+
+#: Key of the PostgreSQL advisory lock held from an event's insert to its commit.
+_EVENTS_LOCK_KEY = 0x67707573636865
+
+
+def add_job_row(
+    s: Session, spec: JobSpec, now: datetime, *, detail: Mapping[str, Any] | None = None
+) -> JobRow:
+    """Insert a queued job and its ``submitted`` event in an open session.
+
+    For callers that write more in the same transaction, e.g. a definition's firing.
+    """
+    row = JobRow(
+        state=JobState.QUEUED.value,
+        username=spec.user,
+        kind=spec.kind.value,
+        priority_class=spec.priority_class.value,
+        submitted_at=now,
+        node=None,
+        held=False,
+        attempt=0,
+        spec=_spec_json(spec),
+        placement=None,
+        handle={},
+    )
+    s.add(row)
+    s.flush()
+    event = EventRow(
+        at=now,
+        job_id=row.id,
+        kind="submitted",
+        from_state=None,
+        to_state=JobState.QUEUED.value,
+        detail={"user": spec.user, **(detail or {})},
+    )
+    add_event_row(s, event)
+    return row
+
+
+def add_event_row(s: Session, row: EventRow) -> None:
+    """Add an event row, last thing before commit.
+
+    On PostgreSQL, ids come from a sequence when inserted, so two transactions could commit
+    ids out of order and a follower reading ``after_id`` would skip one. Holding a lock from
+    the insert to the commit makes ids commit in order. (SQLite writers are serial anyway.)
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
+    s.add(row)
+
+
+def _get_row(s: Session, job_id: int, *, for_update: bool = False) -> JobRow:
+    lock = for_update and s.get_bind().dialect.name != "sqlite"
+    row = s.get(JobRow, job_id, with_for_update=lock)
+    if row is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return row
+
+
+def _check_fields(method: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise TypeError(f"{method}() cannot set {unknown}; it sets {sorted(allowed)}")
+
+
+def _apply(row: JobRow, fields: Mapping[str, Any]) -> None:
+    for key, value in fields.items():
+        if key == "placement":
+            placement = None if value is None else Placement.model_validate(value)
+            row.placement = None if placement is None else placement.model_dump(mode="json")
+            row.node = None if placement is None else placement.node
+        elif key == "spec":
+            spec = JobSpec.model_validate(value)
+            row.spec = _spec_json(spec)
+            row.priority_class = spec.priority_class.value
+        elif key == "handle":
+            row.handle = dict(value or {})
+        else:
+            setattr(row, key, value)
+
+
+def _gpu_weight(row: JobRow) -> float:
+    if row.placement is not None:
+        placement = Placement.model_validate(row.placement)
+        return len(placement.gpu_indices) * placement.share_per_gpu
+    spec = JobSpec.model_validate(row.spec)
+    return spec.gpus * (spec.share_per_gpu or 1.0)
+
+
+def _spec_json(spec: JobSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json")
+
+
+def _json_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if hasattr(value, "model_dump"):
+            value = value.model_dump(mode="json")
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        out[key] = value
+    return out
+
+
+def _job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        spec=JobSpec.model_validate(row.spec),
+        state=JobState(row.state),
+        held=row.held,
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_activity_at=row.last_activity_at,
+        placement=None if row.placement is None else Placement.model_validate(row.placement),
+        exit_code=row.exit_code,
+        reason=row.reason,
+        attempt=row.attempt,
+        handle=dict(row.handle),
+    )
+
+
+def _event(row: EventRow) -> Event:
+    return Event(
+        id=row.id,
+        at=row.at,
+        job_id=row.job_id,
+        kind=row.kind,
+        from_state=None if row.from_state is None else JobState(row.from_state),
+        to_state=None if row.to_state is None else JobState(row.to_state),
+        detail=dict(row.detail),
+    )
