@@ -15,7 +15,8 @@ from typing import Any
 import nbformat
 import pytest_asyncio
 
-from jupyter_gpusched.batch.notebooks import NotebookPlugin, build_submission, parse_request
+from jupyter_gpusched.batch.notebooks import NotebookPlugin
+from jupyter_gpusched.batch.requests import build_submission, parse_request
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.cluster.ssh import SshBackend

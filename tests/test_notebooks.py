@@ -18,8 +18,8 @@ from _fixtures_notebooks import (
     write_notebook,
 )
 
-from jupyter_gpusched.batch.notebooks import (
-    NotebookPlugin,
+from jupyter_gpusched.batch.notebooks import NotebookPlugin
+from jupyter_gpusched.batch.requests import (
     build_submission,
     next_batch_window,
     notebook_command,

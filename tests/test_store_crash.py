@@ -22,10 +22,6 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 
-from jupyter_gpusched.batch import (
-    definitions,  # noqa: F401  (their tables join Base)
-    notebooks,  # noqa: F401  (their tables join Base)
-)
 from jupyter_gpusched.core.clock import ManualClock, SystemClock
 from jupyter_gpusched.core.errors import ConflictError, IllegalTransitionError
 from jupyter_gpusched.core.models import (

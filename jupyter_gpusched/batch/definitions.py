@@ -44,18 +44,13 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, Field
 from sqlalchemy import (
-    Boolean,
-    ForeignKey,
-    Integer,
-    String,
-    UniqueConstraint,
     delete,
     func,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
@@ -66,7 +61,7 @@ from jupyter_gpusched.core.errors import (
 )
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.core.windows import local_boundary
-from jupyter_gpusched.store.orm import Base, EventRow
+from jupyter_gpusched.store.orm import DefinitionRow, DefinitionRunRow, EventRow
 from jupyter_gpusched.store.rows import add_event_row, add_job_row
 from jupyter_gpusched.store.store import Store
 
@@ -75,46 +70,6 @@ log = logging.getLogger(__name__)
 CATCH_UP = ("skip", "once")
 #: Most missed firings counted when catching up (an every-minute job down for a week is 10k).
 _MAX_MISSED = 100_000
-
-
-class DefinitionRow(Base):
-    """One recurring definition."""
-
-    __tablename__ = "job_definitions"
-    __table_args__ = {"sqlite_autoincrement": True}
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    version: Mapped[int] = mapped_column(Integer)  # compare-and-swap on every change
-    name: Mapped[str | None] = mapped_column(String(200))
-    username: Mapped[str] = mapped_column(String(200), index=True)
-    schedule: Mapped[str] = mapped_column(String(200))
-    timezone: Mapped[str] = mapped_column(String(64))
-    catch_up: Mapped[str] = mapped_column(String(8))
-    paused: Mapped[bool] = mapped_column(Boolean)
-    spec: Mapped[dict[str, Any]]
-    next_fire_at: Mapped[datetime | None] = mapped_column(index=True)
-    last_fired_at: Mapped[datetime | None]
-    last_job_id: Mapped[int | None] = mapped_column(Integer)
-    fire_count: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime]
-    updated_at: Mapped[datetime]
-
-
-class DefinitionRunRow(Base):
-    """One firing of a definition and the job it made; unique per (definition, time)."""
-
-    __tablename__ = "definition_runs"
-    __table_args__ = (
-        UniqueConstraint("definition_id", "fire_at"),
-        {"sqlite_autoincrement": True},
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    definition_id: Mapped[int] = mapped_column(ForeignKey("job_definitions.id"), index=True)
-    fire_at: Mapped[datetime]
-    fired_at: Mapped[datetime]
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
-    caught_up: Mapped[bool] = mapped_column(Boolean)  # a late run standing for missed ones
 
 
 class DefinitionRun(BaseModel):

@@ -22,340 +22,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import posixpath
 import tempfile
 import weakref
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ForeignKey, Integer, update
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
 
-from jupyter_gpusched.core import windows
-from jupyter_gpusched.core.errors import GpuSchedError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.errors import GpuSchedError, NotFoundError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,
     JobKind,
-    JobSpec,
     JobState,
-    PriorityClass,
-    parse_spec,
 )
 from jupyter_gpusched.node.nbrun import parse_progress
-from jupyter_gpusched.store.orm import Base, EventRow
+from jupyter_gpusched.store.orm import EventRow, ProgressRow
 from jupyter_gpusched.store.rows import add_event_row
 
-from .definitions import Definitions, check_schedule, check_timezone
+from .definitions import Definitions
+from .requests import (
+    BACKOFF_LABEL,
+    DEFAULT_BACKOFF_S,
+    LOG_LABEL,
+    OUTPUT_LABEL,
+    Submission,
+    notebook_command,
+    remote_output_name,
+    staged_notebook,
+)
 
 log = logging.getLogger(__name__)
-
-#: Labels a notebook job carries (all strings, as labels are).
-CELL_TIMEOUT_LABEL = "notebook_cell_timeout_s"
-BACKOFF_LABEL = "notebook_retry_backoff_s"
-CWD_LABEL = "notebook_cwd"
-OUTPUT_LABEL, LOG_LABEL = "output_notebook", "output_log"
-#: Largest parameters object, as JSON: it travels on the node's command line.
-MAX_PARAMETERS_BYTES = 64 * 1024
-DEFAULT_BACKOFF_S = 60.0
-
-
-class ProgressRow(Base):
-    """How far a notebook job's log has been turned into progress events.
-
-    Every server sharing the store may follow the same log; a line becomes an event only in
-    the transaction that moves ``log_offset`` past it (compare-and-swap), so each progress
-    line is stored once and in order.
-    """
-
-    __tablename__ = "notebook_progress"
-
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
-    log_offset: Mapped[int] = mapped_column(Integer)  # bytes of the log already read
-    updated_at: Mapped[datetime]
-
-
-# ------------------------------------------------------------------------------ requests
-
-
-class NotebookRequest(BaseModel):
-    """What ``POST notebooks`` takes (and ``POST definitions``, with ``schedule``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    notebook: str = Field(description="path under the server root (or absolute inside it)")
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    kernel_name: str | None = None
-    at: str = Field("now", description="now | tonight | a window name | ISO time | cron")
-    schedule: str | None = Field(None, description="cron expression (definitions only)")
-    timezone: str | None = Field(None, description="of the cron / a naive ISO time")
-    catch_up: str = Field("skip", description="after downtime: skip | once")
-    paused: bool = False
-    cell_timeout_s: float | None = Field(None, gt=0)
-    retry_backoff_s: float = Field(DEFAULT_BACKOFF_S, ge=0)
-    cwd: str | None = Field(None, description="working directory of the kernel on the node")
-    name: str | None = Field(None, max_length=200)
-    gpus: int = 1
-    gpu_mem_gb: float | None = None
-    gpu_share: float | None = None
-    cpus: float = 1.0
-    mem_gb: float = 4.0
-    gpu_models: list[str] = Field(default_factory=list)
-    priority: PriorityClass | None = None
-    max_runtime_s: float | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    retries: int = 0
-    labels: dict[str, str] = Field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Submission:
-    """A checked notebook request: the job spec and, for a recurring one, its schedule."""
-
-    spec: JobSpec
-    schedule: str | None = None
-    timezone: str = "UTC"
-    catch_up: str = "skip"
-    paused: bool = False
-    name: str | None = None
-
-
-def parse_request(data: Any) -> NotebookRequest:
-    """Validate a request body, raising :class:`InvalidSpecError` naming the bad field."""
-    if not isinstance(data, dict):
-        raise InvalidSpecError("body", 'must be a JSON object like {"notebook": "nb.ipynb"}')
-    try:
-        return NotebookRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        raise InvalidSpecError(field, msg[0].lower() + msg[1:]) from None
-
-
-def resolve_notebook(path: str, root_dir: str) -> tuple[str, str]:
-    """``(path as the job shows it, absolute path)`` of an existing notebook.
-
-    A relative path is an API path under ``root_dir`` and may not leave it; the job shows it
-    relative to the root. An absolute path (from the CLI or a kernel) is taken as it is --
-    whoever may use this API runs code as the server's user anyway -- and shown relative to
-    the root when it lies under it, else absolute.
-    """
-    root = os.path.realpath(root_dir)
-    full = os.path.realpath(path if os.path.isabs(path) else os.path.join(root, path))
-    inside = os.path.commonpath([full, root]) == root
-    if not os.path.isabs(path) and not inside:
-        raise InvalidSpecError(
-            "notebook",
-            f"{path!r} leads outside the server's root "
-            "directory; give a path under it, or an absolute path",
-        )
-    if not full.endswith(".ipynb"):
-        raise InvalidSpecError("notebook", f"{path!r} is not a notebook (.ipynb)")
-    if not os.path.isfile(full):
-        raise NotFoundError(
-            f"notebook {path!r} not found (relative paths start at the server's root directory)"
-        )
-    shown = os.path.relpath(full, root).replace(os.sep, "/") if inside else full
-    return shown, full
-
-
-def is_cron(text: str) -> bool:
-    """Whether ``at`` reads as a cron expression (5 fields or an @-macro)."""
-    text = text.strip()
-    return text.startswith("@") or len(text.split()) == 5
-
-
-def next_batch_window(config: windows.PolicyConfig, now: datetime) -> datetime:
-    """When "tonight" begins: now, or the next start of a window without a batch time limit.
-
-    A window "admits batch work" when batch jobs started in it have no runtime limit and it
-    does not reserve every GPU for interactive work (the default policy: ``night``).
-    """
-    t = now
-    for _ in range(64):  # windows repeat weekly: a few dozen boundaries cover every case
-        active = windows.resolve_window(config, t)
-        w = active.window
-        if w.batch_max_runtime_s is None and w.interactive_reserved_share < 1.0:
-            return t
-        if active.until is None:
-            break
-        t = active.until
-    raise InvalidSpecError(
-        "at",
-        "no policy window lets batch jobs run without a time limit; "
-        "give a time (ISO) or a cron expression instead of 'tonight'",
-    )
-
-
-def next_window(config: windows.PolicyConfig, now: datetime, name: str) -> datetime:
-    """Now if window ``name`` is in force, else the start of its next occurrence."""
-    t = now
-    for _ in range(64):
-        active = windows.resolve_window(config, t)
-        if active.window.name.lower() == name.lower():
-            return t
-        if active.until is None:
-            break
-        t = active.until
-    raise InvalidSpecError("at", f"window {name!r} never comes")
-
-
-def resolve_at(
-    at: str, config: windows.PolicyConfig, now: datetime, tz_name: str | None = None
-) -> tuple[datetime | None, str | None]:
-    """``(not_before, schedule)`` for ``at``: a start time (None = now) or a cron schedule."""
-    text = at.strip()
-    word = text.lower()
-    names = {w.name.lower() for w in config.windows}
-    if word in ("", "now"):
-        return None, None
-    if word in names and word not in ("tonight",):
-        start = next_window(config, now, word)
-    elif word in ("tonight", "night"):
-        start = next_batch_window(config, now)
-    elif is_cron(text):
-        check_schedule(text, tz_name or config.timezone)
-        return None, text
-    else:
-        try:
-            start = datetime.fromisoformat(text)
-        except ValueError:
-            raise InvalidSpecError(
-                "at",
-                f"{at!r} is not 'now', 'tonight', a window name ({', '.join(sorted(names))}"
-                "), an ISO time or a cron expression like '0 2 * * *'",
-            ) from None
-        if start.tzinfo is None:
-            start = start.replace(tzinfo=ZoneInfo(tz_name or config.timezone))
-    return (None if start <= now else start), None
-
-
-def build_submission(
-    request: NotebookRequest,
-    *,
-    user: str,
-    root_dir: str,
-    config: windows.PolicyConfig,
-    now: datetime,
-    recurring: bool | None = None,
-) -> Submission:
-    """Check a notebook request and turn it into a job spec (and schedule, when recurring).
-
-    ``recurring=True`` needs ``schedule`` (or a cron ``at``); ``False`` refuses a cron.
-    """
-    for key in request.parameters:
-        if not isinstance(key, str) or not key.isidentifier():
-            raise InvalidSpecError(f"parameters.{key}", "must be a valid variable name")
-    if len(json.dumps(request.parameters)) > MAX_PARAMETERS_BYTES:
-        raise InvalidSpecError(
-            "parameters",
-            f"larger than {MAX_PARAMETERS_BYTES} bytes as JSON; pass a path to a data file instead",
-        )
-    tz_name = request.timezone or config.timezone
-    check_timezone(tz_name)
-    schedule = request.schedule
-    not_before = None
-    if schedule is None:
-        not_before, schedule = resolve_at(request.at, config, now, tz_name)
-    else:
-        check_schedule(schedule, tz_name)
-    if recurring is True and schedule is None:
-        raise InvalidSpecError("schedule", "a definition needs a cron schedule like '0 2 * * *'")
-    if recurring is False and schedule is not None:
-        raise InvalidSpecError(
-            "at", "a cron expression makes a recurring definition; POST it to definitions"
-        )
-    rel, full = resolve_notebook(request.notebook, root_dir)
-    labels = dict(request.labels)
-    if request.cell_timeout_s is not None:
-        labels[CELL_TIMEOUT_LABEL] = f"{request.cell_timeout_s:g}"
-    if request.retries:
-        labels[BACKOFF_LABEL] = f"{request.retry_backoff_s:g}"
-    if request.cwd:
-        labels[CWD_LABEL] = request.cwd
-    fields = request.model_dump(
-        exclude={
-            "notebook",
-            "at",
-            "schedule",
-            "timezone",
-            "catch_up",
-            "paused",
-            "cell_timeout_s",
-            "retry_backoff_s",
-            "cwd",
-            "labels",
-        },
-        exclude_none=True,
-    )
-    spec = parse_spec(
-        {
-            **fields,
-            "kind": "notebook",
-            "notebook": rel,
-            "files": [full],
-            "labels": labels,
-            "name": request.name or posixpath.basename(rel),
-            "not_before": not_before,
-        },
-        user=user,
-    )
-    return Submission(spec, schedule, tz_name, request.catch_up, request.paused, request.name)
-
-
-# ------------------------------------------------------------------------------ the command
-
-
-def remote_output_name(spec: JobSpec) -> str:
-    """Name of the executed notebook in the job directory on the node."""
-    stem = posixpath.splitext(posixpath.basename(spec.notebook or "notebook"))[0]
-    return f"{stem}.gpusched-out.ipynb"
-
-
-def _staged(spec: JobSpec) -> str | None:
-    """The local file staged as the input notebook, when there is one."""
-    name = posixpath.basename(spec.notebook or "")
-    return next((f for f in spec.files if os.path.basename(f) == name), None)
-
-
-def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
-    """Argv that runs ``job``'s notebook through nbrun, in the job directory on the node."""
-    spec = job.spec
-    assert spec.notebook is not None
-    staged = _staged(spec)
-    argv = [
-        python,
-        "-m",
-        "jupyter_gpusched.node.nbrun",
-        posixpath.basename(spec.notebook) if staged else spec.notebook,
-        "--output",
-        remote_output_name(spec),
-    ]
-    if staged:
-        # nodes that share the server's filesystem get no staged copy, but see this path
-        argv += ["--fallback-input", staged]
-    if spec.parameters:
-        argv += ["--parameters", json.dumps(spec.parameters)]
-    if spec.kernel_name:
-        argv += ["--kernel", spec.kernel_name]
-    if CELL_TIMEOUT_LABEL in spec.labels:
-        argv += ["--cell-timeout-s", spec.labels[CELL_TIMEOUT_LABEL]]
-    if CWD_LABEL in spec.labels:
-        argv += ["--cwd", spec.labels[CWD_LABEL]]
-    limit_s = job.handle.get("limit_s")
-    if limit_s:
-        # stop a little before the scheduler's kill, so the notebook is saved with a reason
-        margin_s = min(5.0, 0.05 * float(limit_s))
-        argv += ["--job-timeout-s", f"{max(1.0, float(limit_s) - margin_s):g}"]
-    return argv
 
 
 def _node_python(backend: Any, node: str | None) -> str:
@@ -544,7 +245,7 @@ class NotebookPlugin:
 
     # -- results ---------------------------------------------------------------------------
     async def _collect(self, job: Job) -> None:
-        staged = _staged(job.spec)
+        staged = staged_notebook(job.spec)
         node, job_dir = job.handle.get("node"), job.handle.get("job_dir")
         get_file = getattr(self.backend, "get_file", None)
         if not staged or not node or not job_dir or get_file is None:

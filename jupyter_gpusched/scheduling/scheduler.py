@@ -13,16 +13,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import backfill, policy, windows
+from jupyter_gpusched.core import policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
     ForbiddenError,
-    GpuSchedError,
     InfeasibleError,
 )
 from jupyter_gpusched.core.models import (
@@ -32,15 +31,14 @@ from jupyter_gpusched.core.models import (
     JobKind,
     JobSpec,
     JobState,
-    Placement,
     PriorityClass,
 )
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
 from jupyter_gpusched.store.store import Store
 
-from . import moves
 from .events import EventHub
+from .placing import Placing
 from .tracking import JobTracker
 from .views import ClusterSnapshot, cluster_view, job_view
 
@@ -60,7 +58,7 @@ def script_command(job: Job) -> Sequence[str]:
     return job.spec.command
 
 
-class Scheduler:
+class Scheduler(Placing):
     """One cluster queue. All public methods are safe to call from request handlers."""
 
     def __init__(
@@ -267,215 +265,6 @@ class Scheduler:
         state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
         return state, dict(state.index)
 
-    async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
-        queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
-        if not queued:
-            self._positions = {}
-            return
-        state, _ = self._cluster_state()
-        usage = policy.fair_share_usage(
-            _usage(self.store.usage_records(since=now - timedelta(days=14))),
-            self.policy.fairshare_half_life_s,
-            now,
-        )
-        order = policy.order_queue(queued, usage, now, active.window)
-        by_id = {job.id: job for job in queued}
-        claims = _kept_nodes(queued, now)
-        self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
-        for job_id, reason in order.skipped.items():
-            self._set_reason(by_id[job_id], reason)
-        ctx = self._admission_context(now, active, state)
-        head: backfill.Reservation | None = None
-        for job in order.jobs:
-            admission = policy.admit(job, ctx)
-            if not admission.ok:
-                self._set_reason(job, admission.reason)
-                continue
-            request = pack_request(job.spec)
-            claimed = {n for n, owner in claims.items() if owner != job.id}
-            reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
-            estimate = self._estimate(job) if head is not None else 0.0
-            if head is not None and reply.node is not None:
-                fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
-                if not fits.ok:
-                    # Where the packer wanted it the job would delay the head: another node
-                    # never does, so try those before leaving it waiting.
-                    reply = packer.pack(
-                        state,
-                        request,
-                        policy=self.packer_policy,
-                        exclude={*claimed, *([head.node] if head.node else [])},
-                    )
-                    if reply.node is None:
-                        self._set_reason(job, fits.reason)
-                        continue
-            if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
-                if active.window.preempt_batch and await self._preempt_for(job, state):
-                    self._set_reason(job, "waiting: batch jobs are being preempted for it")
-                    continue
-            if reply.node is None:
-                mine = [n for n, owner in claims.items() if owner == job.id]
-                if mine:  # batch jobs are moving off its node: keep it for this job
-                    self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
-                    head = head or backfill.Reservation(now, mine[0], 0.0)
-                    continue
-                self._set_reason(job, f"waiting: no room ({reply.reason})")
-                if head is None:
-                    head = self._reserved_start(job, now, state)
-                    batch = job.spec.priority_class is PriorityClass.BATCH
-                    if batch and active.window.migrate_batch:
-                        node = await self._migrate_for(job, state, head, active.window)
-                        if node is not None:
-                            claims[node] = job.id
-                            head = backfill.Reservation(now, node, 0.0)
-                continue
-            if head is not None:
-                ends = now + timedelta(seconds=estimate)
-                head = backfill.consume_spare(
-                    head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
-                )
-            state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
-            ctx = policy.add_to_context(ctx, job)
-            await self._launch(job, reply, active)
-
-    def _admission_context(
-        self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
-    ) -> policy.AdmissionContext:
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        records = self.store.usage_records(since=now - timedelta(days=1))
-        return policy.AdmissionContext.build(
-            config=self.policy,
-            window=active.window,
-            now=now,
-            total_gpus=float(state.gpu_count[state.node_up].sum()),
-            running=running,
-            usage_records=_usage(records),
-        )
-
-    def _estimate(self, job: Job) -> float:
-        history, _ = self.store.list_jobs(
-            states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
-        )
-        return backfill.estimate_runtime_s(job, history)
-
-    def _reserved_start(
-        self, head: Job, now: datetime, state: packer.ClusterState
-    ) -> backfill.Reservation:
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        whole_free = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
-        counts = whole_free.sum(axis=1)
-        free = {name: float(n) for name, n in zip(state.node_names, counts, strict=True)}
-        return backfill.reserved_start(head, running, free, now, estimate=self._estimate)
-
-    async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
-        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
-        victims = moves.plan_preemption(
-            state, lease, running, self.clock.now(), packer_policy=self.packer_policy
-        )
-        if not victims:
-            return False
-        by_id = {j.id: j for j in running}
-        why = "preempted for interactive work"
-        await asyncio.gather(*(self.tracker.stop(by_id[v], "preempt", why) for v in victims))
-        return True
-
-    async def _migrate_for(
-        self,
-        job: Job,
-        state: packer.ClusterState,
-        head: backfill.Reservation,
-        window: windows.Window,
-    ) -> str | None:
-        """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
-        now = self.clock.now()
-        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
-        # A move that did not pay only gets dearer with time (less idle time left to save,
-        # more work since the checkpoints): search again only once something changed.
-        marks = frozenset((j.id, j.handle.get("checkpoint_at")) for j in running)
-        key = (job.id, marks, hash((state.gm.tobytes(), state.node_up.tobytes())))
-        if key == self._no_move:
-            return None
-        plan = moves.plan_migration(
-            state, job, running, now, head.start, window=window, packer_policy=self.packer_policy
-        )
-        if plan is None:
-            self._no_move = key
-            return None
-        # Kept in the store, so a restart in the middle of the move still keeps the node.
-        until = now + timedelta(seconds=self.claim_ttl_s)
-        kept = {"node": plan.node, "until": until.isoformat()}
-        self.store.update_job(job.id, handle={**job.handle, "kept_node": kept})
-        self._set_reason(job, f"waiting: batch jobs are moving off {plan.node} for it")
-        by_id = {j.id: j for j in running}
-        await asyncio.gather(*(
-            self.tracker.stop(by_id[v], "migrate", f"moved to make room for job {job.id}")
-            for v in plan.job_ids
-        ))  # fmt: skip
-        return plan.node
-
-    async def _launch(
-        self, job: Job, reply: packer.PackReply, active: windows.ActiveWindow
-    ) -> None:
-        assert reply.node_name is not None
-        node = next(n for n in self._inventory if n.name == reply.node_name)
-        uuids = {g.index: g.uuid for g in node.gpus}
-        mem_gb = None
-        if node.gpus and reply.share_per_gpu < 1:
-            mem_gb = round(reply.share_per_gpu * node.gpus[0].mem_total_mb / 1024, 3)
-        placement = Placement(
-            node=reply.node_name,
-            gpu_indices=list(reply.gpu_indices),
-            gpu_uuids=[uuids.get(i, "") for i in reply.gpu_indices],
-            share_per_gpu=reply.share_per_gpu,
-            gpu_mem_gb=mem_gb,
-        )
-        now = self.clock.now()
-        limit_s = _runtime_limit(job, active)
-        handle: dict[str, Any] = {k: v for k, v in job.handle.items() if k == "previous"}
-        if limit_s is not None:
-            handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
-            handle["limit_s"] = limit_s
-        job = self.tracker.move(
-            job.id,
-            JobState.STARTING,
-            expect=JobState.QUEUED,
-            placement=placement,
-            started_at=now,
-            last_activity_at=now,
-            handle=handle,
-            reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
-        )
-        reserved_mb = 0.0
-        if node.gpus:
-            reserved_mb = placement.share_per_gpu * node.gpus[0].mem_total_mb
-        try:
-            argv = list(self.commands[job.spec.kind](job))
-            # The job learns how much GPU memory it may use; the simulator also reads it.
-            env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(int(reserved_mb))}
-            spec = job.spec.model_copy(update={"env": env})
-            result = await self.backend.launch(
-                job.model_copy(update={"spec": spec}), placement, argv=argv
-            )
-        except GpuSchedError as exc:
-            self.tracker.move(
-                job.id,
-                JobState.QUEUED,
-                reason=f"launch on {placement.node} failed: {exc.message}",
-                placement=None,
-                started_at=None,
-                handle={k: v for k, v in handle.items() if k == "previous"},
-            )
-            return
-        self.tracker.move(
-            job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
-        )
-
-    def _set_reason(self, job: Job, reason: str | None) -> None:
-        """Record why a queued job waits; written only when the reason changes."""
-        if job.reason != reason:
-            with contextlib.suppress(ConflictError):
-                self.store.update_job(job.id, reason=reason, event="waiting")
-
     # ------------------------------------------------------------------ API actions
     def submit(self, spec: JobSpec) -> Job:
         """Queue a job; refuse at once a request no node could ever hold."""
@@ -629,34 +418,12 @@ class Scheduler:
         return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
 
 
-def _kept_nodes(queued: Sequence[Job], now: datetime) -> dict[str, int]:
-    """Nodes kept for queued jobs that batch jobs were moved for (until the claims expire)."""
-    kept: dict[str, int] = {}
-    for job in queued:
-        claim = job.handle.get("kept_node")
-        if isinstance(claim, dict) and datetime.fromisoformat(claim["until"]) > now:
-            kept[claim["node"]] = job.id
-    return kept
-
-
 def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
     """What of the inventory a cluster view shows (up/down, memory, processes)."""
     return tuple(
         (n.name, n.up, tuple((g.index, round(g.mem_used_mb), len(g.processes)) for g in n.gpus))
         for n in nodes
     )
-
-
-def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:
-    return [policy.UsageRecord(*row) for row in rows]
-
-
-def _runtime_limit(job: Job, active: windows.ActiveWindow) -> float | None:
-    limits = [job.spec.max_runtime_s]
-    if job.spec.priority_class is PriorityClass.BATCH:
-        limits.append(policy.batch_runtime_limit_s(active.window))
-    given = [x for x in limits if x]
-    return min(given) if given else None
 
 
 def _fmt_s(seconds: float) -> str:

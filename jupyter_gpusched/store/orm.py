@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -136,3 +137,58 @@ class NodeRow(Base):
     failures: Mapped[int] = mapped_column(Integer)
     detail: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime]
+
+
+class ProgressRow(Base):
+    """How far a notebook job's log has been turned into progress events.
+
+    Every server sharing the store may follow the same log; a line becomes an event only in
+    the transaction that moves ``log_offset`` past it (compare-and-swap), so each progress
+    line is stored once and in order.
+    """
+
+    __tablename__ = "notebook_progress"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    log_offset: Mapped[int] = mapped_column(Integer)  # bytes of the log already read
+    updated_at: Mapped[datetime]
+
+
+class DefinitionRow(Base):
+    """One recurring definition."""
+
+    __tablename__ = "job_definitions"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(Integer)  # compare-and-swap on every change
+    name: Mapped[str | None] = mapped_column(String(200))
+    username: Mapped[str] = mapped_column(String(200), index=True)
+    schedule: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    catch_up: Mapped[str] = mapped_column(String(8))
+    paused: Mapped[bool] = mapped_column(Boolean)
+    spec: Mapped[dict[str, Any]]
+    next_fire_at: Mapped[datetime | None] = mapped_column(index=True)
+    last_fired_at: Mapped[datetime | None]
+    last_job_id: Mapped[int | None] = mapped_column(Integer)
+    fire_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class DefinitionRunRow(Base):
+    """One firing of a definition and the job it made; unique per (definition, time)."""
+
+    __tablename__ = "definition_runs"
+    __table_args__ = (
+        UniqueConstraint("definition_id", "fire_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    definition_id: Mapped[int] = mapped_column(ForeignKey("job_definitions.id"), index=True)
+    fire_at: Mapped[datetime]
+    fired_at: Mapped[datetime]
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    caught_up: Mapped[bool] = mapped_column(Boolean)  # a late run standing for missed ones

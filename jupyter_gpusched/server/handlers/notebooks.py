@@ -16,12 +16,8 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from jupyter_gpusched.batch.definitions import Definition
-from jupyter_gpusched.batch.notebooks import (
-    NotebookPlugin,
-    build_submission,
-    parse_request,
-    plugin_for,
-)
+from jupyter_gpusched.batch.notebooks import NotebookPlugin, plugin_for
+from jupyter_gpusched.batch.requests import build_submission, parse_request
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
 
 from .base import API, MAX_ID, MAX_LIMIT, ApiHandler

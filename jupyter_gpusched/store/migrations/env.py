@@ -11,10 +11,6 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-# Features with tables of their own declare them on Base; importing them here puts every
-# table in the metadata that autogenerate and the schema-drift test compare against.
-import jupyter_gpusched.batch.definitions  # noqa: F401
-import jupyter_gpusched.batch.notebooks  # noqa: F401
 from jupyter_gpusched.store.orm import Base
 from jupyter_gpusched.store.store import VERSION_TABLE
 
