@@ -296,7 +296,7 @@ async def test_a_definition_fires_from_the_scheduler_tick_and_its_notebook_runs(
     nb_harness: NbHarness,
 ) -> None:
     write_notebook(nb_harness.root / "nightly.ipynb", ["print(when)"], parameters="when = ''")
-    from jupyter_gpusched.batch.notebooks import build_submission, parse_request
+    from jupyter_gpusched.batch.requests import build_submission, parse_request
 
     sub = build_submission(
         parse_request(
