@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
@@ -35,6 +35,7 @@ from jupyter_gpusched.core.models import (
 )
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
+from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 
 from .events import EventHub
@@ -73,6 +74,7 @@ class Scheduler(Placing):
         poll_interval_s: float = 2.0,
         inventory_interval_s: float = 30.0,
         cancel_grace_s: float = 10.0,
+        leader_ttl_s: float = 6.0,
         admins: frozenset[str] = frozenset(),
         commands: dict[JobKind, CommandBuilder] | None = None,
     ) -> None:
@@ -108,6 +110,13 @@ class Scheduler(Placing):
         self.claim_ttl_s = 900.0
         self._no_move: tuple[Any, ...] | None = None  # the last situation no move paid in
         self._task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        self.leader_ttl_s = leader_ttl_s
+        self._lease: LeaderLease | None = None
+        self._epoch: int | None = None  # the lease's epoch while this scheduler leads
+        self._lease_until = datetime.min.replace(tzinfo=UTC)
+        self._reattach = False
+        self._told_standby = False
         self._stopping = False
         self.stop_grace_s = 10.0
         self._wake = asyncio.Event()
@@ -118,15 +127,28 @@ class Scheduler(Placing):
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Migrate the store, connect, find running jobs again and start the loop."""
+        """Migrate the store, connect, claim the leader lease and start the loop.
+
+        Every process that opens the store serves the API; only the one holding the leader
+        lease (:mod:`jupyter_gpusched.store.leader`) polls, places, enforces limits and runs
+        the hooks. The others stand by and take over when its lease lapses.
+        """
         self.store.migrate()
         await self.backend.start()
         await self._refresh_inventory(force=True)
-        await self.tracker.poll_active(force=True)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpusched-loop")
+        self._lease = LeaderLease(self.store, ttl_s=self.leader_ttl_s)
+        await self._hold_lease()
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="gpusched-loop")
+        self._lease_task = loop.create_task(self._keep_lease(), name="gpusched-lease")
 
     async def stop(self) -> None:
-        """Stop the loop and close connections; jobs keep running on their nodes."""
+        """Stop the loop, hand the lease on and close connections; jobs keep running."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+            self._lease_task = None
         if self._task is not None:
             self._stopping = True
             self.wake()
@@ -138,12 +160,67 @@ class Scheduler(Placing):
                     await self._task
             self._task = None
             self._stopping = False
+        if self._lease is not None and self._epoch is not None:
+            with contextlib.suppress(Exception):  # a store that is gone frees it by time
+                self._lease.release()
+            self._epoch = None
         await self.backend.close()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this scheduler holds the leader lease (and so acts on the queue)."""
+        return self._epoch is not None
+
+    async def _hold_lease(self) -> None:
+        """Take or renew the lease; start or stop acting when that changed."""
+        assert self._lease is not None
+        try:
+            lead = self._lease.hold()
+        except Exception as exc:  # the store is away: act only while our lease surely holds
+            if self._epoch is not None and self.clock.now() >= self._lease_until:
+                log.warning("gpusched: cannot renew the leader lease (%s); standing by", exc)
+                self._step_down()
+            return
+        if lead.mine:
+            self._lease_until = lead.expires_at
+            if self._epoch != lead.epoch:
+                log.info("gpusched: this scheduler leads the queue (epoch %s)", lead.epoch)
+                self._epoch = lead.epoch
+                self._reattach = True
+                self.wake()
+        elif self._epoch is not None:
+            log.warning("gpusched: %s took the leader lease; standing by", lead.holder)
+            self._step_down()
+        elif not self._told_standby:
+            self._told_standby = True
+            log.info("gpusched: standing by while %s leads the queue", lead.holder)
+
+    def _step_down(self) -> None:
+        self._epoch = None
+        self._told_standby = False
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.leader_ttl_s / 3)
+            await self._hold_lease()
 
     async def _run(self) -> None:
         while not self._stopping:
             try:
-                await self.tick()
+                if self._epoch is not None:
+                    assert self._lease is not None
+                    with fenced(self._lease.holder, self._epoch):
+                        if self._reattach:  # just became leader: find running jobs again
+                            await self.tracker.poll_active(force=True)
+                            self._hooks_backlog = None
+                            self._reattach = False
+                        await self.tick()
+                else:
+                    await self._refresh_inventory()  # views stay live while standing by
+                    await self.notify()
+            except NotLeaderError as exc:
+                log.warning("gpusched: %s; standing by", exc.message)
+                self._step_down()
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("gpusched: scheduler tick failed")
             # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that

@@ -192,3 +192,34 @@ class DefinitionRunRow(Base):
     fired_at: Mapped[datetime]
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     caught_up: Mapped[bool] = mapped_column(Boolean)  # a late run standing for missed ones
+
+
+class ApiTokenRow(Base):
+    """A token the lab-wide service accepts for a user (no JupyterHub); only its digest is kept."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(200), index=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256 hex of the token
+    prefix: Mapped[str] = mapped_column(String(8))  # its first characters, to tell tokens apart
+    note: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+
+
+class LeaderRow(Base):
+    """The one scheduler allowed to act on this store, and until when (a single row, id 1).
+
+    ``epoch`` grows with every change of holder: it is the fencing token every write of the
+    leader's scheduling pass is checked against, so a deposed leader's writes are refused.
+    """
+
+    __tablename__ = "scheduler_leader"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str] = mapped_column(String(300))
+    epoch: Mapped[int] = mapped_column(Integer)
+    renewed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]

@@ -59,6 +59,7 @@ from jupyter_gpusched.core.models import (
 )
 
 from .engine import alembic_config, make_engine, normalize_url
+from .leader import check_fence
 from .orm import EventRow, JobRow, NodeRow, UsageRow
 from .rows import (
     _apply,
@@ -156,6 +157,11 @@ class Store:
         folder = Path(jupyter_data_dir()) / "gpusched"
         folder.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{folder / 'gpusched.db'}"
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every timestamp of this store comes from."""
+        return self._clock
 
     @property
     def engine(self) -> Engine:
@@ -495,6 +501,7 @@ class Store:
         """
         try:
             with self._writes.begin() as s:
+                check_fence(s, for_update=self._for_update)
                 yield s
         except StaleDataError:
             raise ConflictError("the job changed meanwhile; reload it and try again") from None
