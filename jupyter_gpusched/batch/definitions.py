@@ -256,6 +256,7 @@ class Definitions:
         definition_id: int,
         *,
         user: str,
+        admin: bool = False,
         paused: bool | None = None,
         schedule: str | None = None,
         timezone: str | None = None,
@@ -266,7 +267,7 @@ class Definitions:
         now = self.clock.now()
         with self.store.write_session() as s:
             row = _get(s, definition_id, lock=True)
-            self._check_owner(row, user)
+            self._check_owner(row, user, admin)
             if catch_up is not None:
                 _check_catch_up(catch_up)
                 row.catch_up = catch_up
@@ -294,12 +295,12 @@ class Definitions:
             )
             return _definition(row, self._runs(s, [row.id], 20).get(row.id, []))
 
-    def delete(self, definition_id: int, *, user: str) -> Definition:
+    def delete(self, definition_id: int, *, user: str, admin: bool = False) -> Definition:
         """Remove a definition and its firing records; jobs it made stay."""
         now = self.clock.now()
         with self.store.write_session() as s:
             row = _get(s, definition_id, lock=True)
-            self._check_owner(row, user)
+            self._check_owner(row, user, admin)
             gone = _definition(row, [])
             s.execute(delete(DefinitionRunRow).where(DefinitionRunRow.definition_id == row.id))
             s.delete(row)
@@ -313,8 +314,8 @@ class Definitions:
             )
         return gone
 
-    def _check_owner(self, row: DefinitionRow, user: str) -> None:
-        if user != row.username and user not in self.admins:
+    def _check_owner(self, row: DefinitionRow, user: str, admin: bool) -> None:
+        if user != row.username and not admin and user not in self.admins:
             raise ForbiddenError(
                 f"definition {row.id} belongs to {row.username}; only its "
                 "owner or an admin may change it"

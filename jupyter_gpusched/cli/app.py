@@ -25,6 +25,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "nodes": ("jupyter_gpusched.cli.jobs", "nodes_main", "show the cluster map, a glyph per GPU"),
     "submit-notebook": ("jupyter_gpusched.cli.notebooks", "submit_main", "run a notebook job"),
     "definitions": ("jupyter_gpusched.cli.notebooks", "definitions_main", "recurring notebooks"),
+    "service": (
+        "jupyter_gpusched.server.service",
+        "main",
+        "run the lab-wide queue as a service ('service token USER' mints a user's token)",
+    ),
 }
 
 

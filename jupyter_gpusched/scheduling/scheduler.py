@@ -372,16 +372,21 @@ class Scheduler(Placing):
         """The API's JSON for a job, with its queue position."""
         return job_view(job, self._positions.get(job.id))
 
-    def _check_owner(self, job: Job, user: str) -> None:
-        if user != job.user and user not in self.admins:
+    def _check_owner(self, job: Job, user: str, admin: bool) -> None:
+        if user != job.user and not admin and user not in self.admins:
             raise ForbiddenError(
                 f"job {job.id} belongs to {job.user}; only its owner or an admin may change it"
             )
 
-    async def cancel(self, job_id: int, *, user: str, reason: str | None = None) -> Job:
-        """Cancel a queued job, or stop a running one (TERM, then KILL after the grace)."""
+    async def cancel(
+        self, job_id: int, *, user: str, admin: bool = False, reason: str | None = None
+    ) -> Job:
+        """Cancel a queued job, or stop a running one (TERM, then KILL after the grace).
+
+        ``admin``: the caller administers the queue (the server's authentication says so).
+        """
         job = self.store.get_job(job_id)
-        self._check_owner(job, user)
+        self._check_owner(job, user, admin)
         if job.state in TERMINAL_STATES:
             raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
         reason = reason or f"cancelled by {user}"
@@ -408,12 +413,13 @@ class Scheduler(Placing):
         job_id: int,
         *,
         user: str,
+        admin: bool = False,
         priority: PriorityClass | None = None,
         held: bool | None = None,
     ) -> Job:
         """Change a job's priority class or hold it in the queue."""
         job = self.store.get_job(job_id)
-        self._check_owner(job, user)
+        self._check_owner(job, user, admin)
         if job.state in TERMINAL_STATES:
             raise ConflictError(f"job {job_id} already {job.state.value}; it cannot change")
         fields: dict[str, Any] = {}

@@ -3,6 +3,14 @@
 Every option is a trait read from the usual Jupyter config files
 (``c.GpuSchedApp.nodes = [...]``, ``c.GpuSchedPolicy.windows = [...]``). With no config at all
 the extension starts the embedded simulated cluster, so a fresh install has something to show.
+
+It runs in one of three modes:
+
+* **embedded** (the default): this server runs the scheduler for its own user;
+* **service**: inside ``jupyter gpusched service`` (:mod:`.service`), the lab's one queue;
+* **client**: ``service_url`` is set (or the Hub has a ``gpusched`` service): no scheduler
+  here; the API is forwarded to the service with this server's user's identity
+  (:mod:`.client_mode`).
 """
 
 from __future__ import annotations
@@ -71,6 +79,27 @@ class GpuSchedApp(ExtensionApp):
     admin_users = Set(Unicode(), help="User names that may cancel or change anyone's jobs.").tag(
         config=True
     )
+    service_url = Unicode(
+        "",
+        help="""URL of the lab-wide gpusched service (jupyter gpusched service), e.g.
+        http://gpu-head:10101/. When set, this server runs no scheduler and forwards the
+        gpusched API there with its user's identity. Under JupyterHub it defaults to the Hub's
+        'gpusched' service when one is registered.""",
+    ).tag(config=True)
+    service_token = Unicode(
+        "",
+        help="""This server's user's token for the service (minted with 'jupyter gpusched
+        service token USER'); under JupyterHub the server's own Hub token is used.""",
+    ).tag(config=True)
+    hub_service_name = Unicode(
+        "gpusched", help="Name of the JupyterHub service to use when service_url is not set."
+    ).tag(config=True)
+    leader_ttl_s = Float(
+        6.0,
+        min=1.0,
+        help="""Seconds the scheduler's leader lease holds without renewal: a standby
+        scheduler on the same store takes over this long after the leader died.""",
+    ).tag(config=True)
     anonymous_user = Unicode(
         help="Owner recorded for requests Jupyter's stock identity providers leave anonymous "
         "(a single-user server with one shared token); default: the OS user of the server."
@@ -160,6 +189,12 @@ class GpuSchedApp(ExtensionApp):
         """Nothing runs yet: the scheduler needs the running loop (see start)."""
         self._ready = None  # asyncio.Event, created on the server's loop
         self._sim: Any = None
+        self._sync: Any = None
+        self.link = self._service_link()
+        self.mode = "client" if self.link else "service" if self._in_service() else "embedded"
+        self.settings["gpusched_mode"] = self.mode
+        self.settings["gpusched_link"] = self.link
+        self.settings["gpusched_data_dir"] = self._data_dir()
         self.settings["gpusched_admins"] = frozenset(self.admin_users)
         self.settings["gpusched_anonymous_user"] = self.anonymous_user
         self.settings["gpusched_app"] = self
@@ -169,6 +204,11 @@ class GpuSchedApp(ExtensionApp):
         from .handlers import cluster, events, jobs
         from .handlers.base import NO_ROUTE
 
+        if self.mode == "client":
+            from . import client_mode
+
+            self.handlers.extend(client_mode.handlers)
+            return
         routes = [*jobs.handlers, *cluster.handlers, *events.handlers]
         for plugin in self._plugins():
             routes.extend(plugin.handlers)
@@ -179,9 +219,45 @@ class GpuSchedApp(ExtensionApp):
 
         return load(self.plugins)
 
+    def _in_service(self) -> bool:
+        from .service import GpuSchedService
+
+        return isinstance(self.serverapp, GpuSchedService)
+
+    def _service_link(self) -> Any:
+        """Where the lab-wide service is, when this server should forward to one."""
+        from .client_mode import ServiceLink, check_link, hub_service_link
+
+        if self._in_service():
+            return None
+        if self.service_url:
+            token = self.service_token or os.environ.get("JUPYTERHUB_API_TOKEN", "")
+            url = self.service_url if self.service_url.endswith("/") else self.service_url + "/"
+            link = ServiceLink(url, token)
+            check_link(link)
+            return link
+        return hub_service_link(self.hub_service_name)
+
+    def _data_dir(self) -> str:
+        """Where this server keeps users' uploaded files and notebooks (service: per user)."""
+        if self._in_service():
+            return str(self.serverapp.data_dir)
+        from jupyter_core.paths import jupyter_data_dir
+
+        return os.path.join(jupyter_data_dir(), "gpusched", "files")
+
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start the cluster and the scheduler loop once the server's loop runs."""
         ready = self._ready_event()
+        if self.mode == "client":
+            from .outputs import OutputSync
+
+            self._sync = OutputSync(self.link, self._root_dir(serverapp))
+            self._sync.start()
+            self._export_env(serverapp)
+            ready.set()
+            self.log.info("gpusched | forwarding to the lab's service at %s", self.link.url)
+            return
         try:
             scheduler = await self._build_scheduler()
             await scheduler.start()
@@ -190,7 +266,10 @@ class GpuSchedApp(ExtensionApp):
             ready.set()  # waiting handlers answer 503 now instead of timing out
             raise
         serverapp.web_app.settings["gpusched"] = scheduler
-        self._export_env(serverapp)
+        if self.mode == "service":
+            self._serve_tokens(serverapp, scheduler.store)
+        else:
+            self._export_env(serverapp)
         ready.set()
         self.log.info("gpusched | scheduler started (%s)", self.store_url)
 
@@ -202,8 +281,26 @@ class GpuSchedApp(ExtensionApp):
             return None
         return self.serverapp.web_app.settings.get("gpusched")
 
+    def _serve_tokens(self, serverapp: Any, store: Any) -> None:
+        """Let the service's token identity provider look tokens up in the store."""
+        from jupyter_gpusched.store import tokens
+
+        from .auth import StoreTokenIdentityProvider
+
+        provider = serverapp.identity_provider
+        if isinstance(provider, StoreTokenIdentityProvider):
+            provider.lookup = lambda token: tokens.user_for(store, token)
+
+    @staticmethod
+    def _root_dir(serverapp: Any) -> str:
+        root = getattr(serverapp.contents_manager, "root_dir", None) or serverapp.root_dir
+        return os.path.expanduser(str(root))
+
     async def stop_extension(self) -> None:
         """Stop the loop; jobs keep running on their nodes and are reattached on restart."""
+        if self._sync is not None:
+            await self._sync.stop()
+            self._sync = None
         scheduler = self.serverapp.web_app.settings.pop("gpusched", None)
         if scheduler is not None:
             for plugin in self._plugins():
@@ -253,6 +350,7 @@ class GpuSchedApp(ExtensionApp):
             tick_interval_s=self.tick_interval_s,
             poll_interval_s=self.poll_interval_s,
             inventory_interval_s=self.inventory_interval_s,
+            leader_ttl_s=self.leader_ttl_s,
             admins=frozenset(self.admin_users),
         )
         for plugin in self._plugins():

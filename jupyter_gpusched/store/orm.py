@@ -206,7 +206,6 @@ class ApiTokenRow(Base):
     prefix: Mapped[str] = mapped_column(String(8))  # its first characters, to tell tokens apart
     note: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime]
-    last_used_at: Mapped[datetime | None]
 
 
 class LeaderRow(Base):

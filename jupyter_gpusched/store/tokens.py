@@ -33,7 +33,6 @@ class TokenInfo:
     prefix: str
     note: str | None
     created_at: datetime
-    last_used_at: datetime | None
 
 
 def _digest(token: str) -> str:
@@ -53,7 +52,6 @@ def mint(store: Store, username: str, *, note: str | None = None) -> str:
                 prefix=token[: len(TOKEN_PREFIX) + 4],
                 note=note,
                 created_at=store.clock.now(),
-                last_used_at=None,
             )
         )
     return token
@@ -73,8 +71,7 @@ def list_tokens(store: Store, username: str | None = None) -> list[TokenInfo]:
         if username is not None:
             stmt = stmt.where(ApiTokenRow.username == username)
         return [
-            TokenInfo(r.id, r.username, r.prefix, r.note, r.created_at, r.last_used_at)
-            for r in s.scalars(stmt)
+            TokenInfo(r.id, r.username, r.prefix, r.note, r.created_at) for r in s.scalars(stmt)
         ]
 
 

@@ -8,6 +8,7 @@ status and a JSON body saying what to fix; bad input never becomes a 500.
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
 from http.client import responses
@@ -23,8 +24,9 @@ from jupyter_gpusched.core.errors import (
     InvalidSpecError,
     NotFoundError,
 )
+from jupyter_gpusched.server.auth import AUTH_RESOURCE
+from jupyter_gpusched.server.uploads import store_uploads, user_dir
 
-AUTH_RESOURCE = "gpusched"
 API = "gpusched/api"
 MAX_LIMIT = 1000
 MAX_LOG_CHUNK = 1 << 20
@@ -110,8 +112,49 @@ class GpuSchedMixin:
         return str(self.current_user.username)  # type: ignore[attr-defined]
 
     def is_admin(self) -> bool:
-        """Admins may act on everyone's jobs."""
+        """Admins may act on everyone's jobs.
+
+        The lab-wide service's authentication says who they are (a Hub scope or group, the
+        service operator's list); a single-user server has its own ``admin_users``.
+        """
+        said = getattr(self.current_user, "gpusched_admin", None)  # type: ignore[attr-defined]
+        if said is not None:
+            return bool(said)
         return self.username in self.settings.get("gpusched_admins", ())  # type: ignore[attr-defined]
+
+    @property
+    def mode(self) -> str:
+        """Embedded (this server schedules), service (the lab's queue) or client."""
+        return str(self.settings.get("gpusched_mode", "embedded"))  # type: ignore[attr-defined]
+
+    def user_files_dir(self, user: str) -> str:
+        """A user's private directory for files sent with requests (0700)."""
+        return user_dir(self.settings["gpusched_data_dir"], user)  # type: ignore[attr-defined]
+
+    def server_root(self) -> str:
+        """The Jupyter server's root directory (paths in requests are relative to it)."""
+        settings = self.settings  # type: ignore[attr-defined]
+        root = getattr(settings.get("contents_manager"), "root_dir", None)
+        return os.path.expanduser(str(root or settings.get("server_root_dir") or "."))
+
+    def take_uploads(self, body: dict[str, Any]) -> None:
+        """Write files sent with a job into the caller's directory; stage them from there.
+
+        The lab-wide service cannot read paths on its callers' machines: there, ``files``
+        must come as ``uploads`` (the user's own Jupyter server sends them that way).
+        """
+        uploads = body.pop("uploads", None)
+        if uploads is not None:
+            if body.get("files"):
+                raise InvalidSpecError("files", "give files or uploads, not both")
+            folder = os.path.join(self.user_files_dir(self.username), "uploads")
+            body["files"] = store_uploads(uploads, folder)
+        elif body.get("files") and self.mode == "service":
+            raise InvalidSpecError(
+                "files",
+                "the lab's service cannot read paths on your machine; send the files' "
+                "content as uploads (your Jupyter server does so for you)",
+            )
 
     def query(self, name: str, default: str | None = None) -> str | None:
         """One query argument; repeated arguments are refused rather than guessed at."""

@@ -64,6 +64,8 @@ class JobsHandler(ApiHandler):
         body = self.json_body()
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
+        if isinstance(body, dict):
+            self.take_uploads(body)
         job = sched.submit(parse_spec(body, user=self.username))
         self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
         self.write_json(sched.job_view(job), status=201)
@@ -84,7 +86,7 @@ class JobHandler(ApiHandler):
     async def delete(self, job_id: str) -> None:
         """Cancel: queued jobs leave the queue, running ones are stopped."""
         sched = await self.scheduler()
-        job = await sched.cancel(job_id_arg(job_id), user=self.username)
+        job = await sched.cancel(job_id_arg(job_id), user=self.username, admin=self.is_admin())
         self.write_json(sched.job_view(job))
 
     @web.authenticated
@@ -109,7 +111,7 @@ class JobHandler(ApiHandler):
             if not isinstance(body["held"], bool):
                 raise InvalidSpecError("held", "must be true or false")
             changes["held"] = body["held"]
-        job = sched.update(job_id_arg(job_id), user=self.username, **changes)
+        job = sched.update(job_id_arg(job_id), user=self.username, admin=self.is_admin(), **changes)
         self.write_json(sched.job_view(job))
 
 
@@ -175,7 +177,9 @@ class LeaseHandler(ApiHandler):
         jid = job_id_arg(job_id)
         if sched.get_job(jid).spec.kind is not JobKind.LEASE:
             raise NotFoundError(f"job {jid} is not a lease; cancel it with DELETE jobs/{jid}")
-        self.write_json(sched.job_view(await sched.cancel(jid, user=self.username)))
+        self.write_json(
+            sched.job_view(await sched.cancel(jid, user=self.username, admin=self.is_admin()))
+        )
 
 
 handlers: list[tuple[str, type]] = [

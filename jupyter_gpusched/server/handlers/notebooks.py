@@ -18,9 +18,11 @@ from tornado import web
 from jupyter_gpusched.batch.definitions import Definition
 from jupyter_gpusched.batch.notebooks import NotebookPlugin, plugin_for
 from jupyter_gpusched.batch.requests import build_submission, parse_request
-from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
 
-from .base import API, MAX_ID, MAX_LIMIT, ApiHandler
+from ..outputs import output_path
+from ..uploads import store_notebook
+from .base import API, MAX_ID, MAX_LIMIT, ApiHandler, job_id_arg
 
 _PATCHABLE = frozenset({"paused", "schedule", "timezone", "catch_up", "name"})
 
@@ -43,22 +45,37 @@ class _NotebookApi(ApiHandler):
         """The notebook plugin of the running scheduler."""
         return plugin_for(await self.scheduler())
 
-    def root_dir(self) -> str:
-        """The server's root directory; notebook paths are relative to it."""
-        root = getattr(self.settings.get("contents_manager"), "root_dir", None)
-        return os.path.expanduser(str(root or self.settings.get("server_root_dir") or "."))
+    def notebook_root(self, user: str) -> str:
+        """Where a user's notebooks and their outputs are: the root, or their service dir."""
+        if self.mode == "service":
+            return os.path.join(self.user_files_dir(user), "notebooks")
+        return self.server_root()
 
     async def submission(self, *, recurring: bool | None) -> Any:
-        """The request body checked and turned into a job spec (and schedule)."""
+        """The request body checked and turned into a job spec (and schedule).
+
+        A notebook sent with its ``content`` is kept in the caller's notebook directory (the
+        lab-wide service keeps it there, so a definition fires without its owner's server).
+        """
         plugin = await self.plugin()
         body = self.json_body()
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
+        root = self.notebook_root(self.username)
+        if isinstance(body, dict) and "content" in body:
+            content = body.pop("content")
+            store_notebook(content, str(body.get("notebook") or ""), root)
+        elif self.mode == "service":
+            raise InvalidSpecError(
+                "content",
+                "the lab's service cannot read your notebook from your machine; send its "
+                "content (your Jupyter server does so for you)",
+            )
         sched = plugin.scheduler
         return build_submission(
             parse_request(body),
             user=self.username,
-            root_dir=self.root_dir(),
+            root_dir=root,
             config=sched.policy,
             now=sched.clock.now(),
             recurring=recurring,
@@ -153,7 +170,9 @@ class DefinitionHandler(_NotebookApi):
             if key in body and not isinstance(body[key], str):
                 raise InvalidSpecError(key, "must be a string")
         plugin.definitions.get(def_id)  # 404 before 403
-        definition = plugin.definitions.update(def_id, user=self.username, **body)
+        definition = plugin.definitions.update(
+            def_id, user=self.username, admin=self.is_admin(), **body
+        )
         self.write_json(definition_json(definition))
 
     @web.authenticated
@@ -161,8 +180,37 @@ class DefinitionHandler(_NotebookApi):
     async def delete(self, definition_id: str) -> None:
         """Delete it; jobs it already made stay."""
         plugin = await self.plugin()
-        definition = plugin.definitions.delete(_definition_id(definition_id), user=self.username)
+        definition = plugin.definitions.delete(
+            _definition_id(definition_id), user=self.username, admin=self.is_admin()
+        )
         self.write_json(definition_json(definition))
+
+
+class JobOutputHandler(_NotebookApi):
+    """``GET jobs/{id}/output?part=notebook|log``: a notebook job's executed copy or log."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        """The file's bytes, as a download; the job's owner or an admin only."""
+        sched = await self.scheduler()
+        job = sched.get_job(job_id_arg(job_id))
+        if job.user != self.username and not self.is_admin():
+            raise ForbiddenError(
+                f"job {job.id} belongs to {job.user}; only its owner or an admin may read "
+                "its outputs"
+            )
+        part = self.query("part", "notebook") or "notebook"
+        path = output_path(job, part, self.notebook_root(job.user))
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise NotFoundError(f"job {job.id}'s {part} output is gone from the server") from None
+        kind = "application/x-ipynb+json" if part == "notebook" else "text/plain; charset=utf-8"
+        name = os.path.basename(path).replace('"', "")
+        self.set_header("Content-Disposition", f'attachment; filename="{name}"')
+        self.finish(data, set_content_type=kind)
 
 
 _ID = r"([^/]+)"
@@ -171,4 +219,5 @@ handlers: list[tuple[str, type]] = [
     (f"{API}/notebooks", NotebooksHandler),
     (f"{API}/definitions", DefinitionsHandler),
     (f"{API}/definitions/{_ID}", DefinitionHandler),
+    (f"{API}/jobs/{_ID}/output", JobOutputHandler),
 ]

@@ -32,7 +32,6 @@ def upgrade() -> None:
         sa.Column("prefix", sa.String(length=8), nullable=False),
         sa.Column("note", sa.String(length=200), nullable=True),
         _when("created_at", nullable=False),
-        _when("last_used_at", nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_tokens")),
         sa.UniqueConstraint("digest", name=op.f("uq_api_tokens_digest")),
         sqlite_autoincrement=True,

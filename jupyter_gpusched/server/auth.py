@@ -1,0 +1,159 @@
+"""Who calls the lab-wide service: JupyterHub tokens, or tokens the service minted itself.
+
+The service answers only API calls with a token (no login page, no cookies): each user's
+Jupyter server in client mode, the CLI and scripts send ``Authorization: token T``. Under
+JupyterHub, the Hub says whose token it is and what it may do (the scope
+``access:services!service=<name>``, re-checked after a short cache); admins are the users whose
+token carries the custom scope ``custom:gpusched:admin`` or who are in an admin group, decided
+by the Hub's admin, not by the users. Without a Hub, ``jupyter gpusched service token USER``
+mints the tokens (:mod:`jupyter_gpusched.store.tokens`) and the service's own
+``admin_users`` (in the service's config, which only its operator writes) names the admins.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_server.auth.authorizer import Authorizer
+from jupyter_server.auth.identity import IdentityProvider, User
+from tornado import web
+from traitlets import Any as AnyTrait
+from traitlets import Integer, Set, Unicode, default
+
+#: The one resource every route of the gpusched API declares.
+AUTH_RESOURCE = "gpusched"
+#: The JupyterHub custom scope of the queue's admins.
+ADMIN_SCOPE = "custom:gpusched:admin"
+
+
+@dataclass
+class GpuSchedUser(User):
+    """A caller of the service, and whether they administer the queue (anyone's jobs)."""
+
+    gpusched_admin: bool = False
+
+
+class ServiceAuthorizer(Authorizer):
+    """Every identified caller may use the gpusched API, and nothing else of the server.
+
+    Whose job a caller may change is the scheduler's check (owner or admin), not this one's.
+    """
+
+    def is_authorized(
+        self, handler: web.RequestHandler, user: User, action: str, resource: str
+    ) -> bool:
+        """Allow the gpusched API only."""
+        return resource == AUTH_RESOURCE
+
+
+class _TokenOnlyIdentityProvider(IdentityProvider):
+    """Token in the ``Authorization`` header (or ``?token=`` on a websocket), never a cookie."""
+
+    @default("need_token")
+    def _need_token_default(self) -> bool:
+        return False
+
+    @default("token")
+    def _token_default(self) -> str:
+        return ""
+
+    @property
+    def auth_enabled(self) -> bool:  # noqa: D102
+        return True
+
+    @property
+    def login_available(self) -> bool:  # noqa: D102
+        return False
+
+    def get_handlers(self) -> list[tuple[str, object]]:
+        """No login or logout pages: the service speaks API only."""
+        return []
+
+    def bearer(self, handler: web.RequestHandler) -> str:
+        """The token of a request: ``token T`` / ``Bearer T`` header, or ``?token=``."""
+        header = handler.request.headers.get("Authorization", "")
+        kind, _, value = header.partition(" ")
+        if kind.lower() in ("token", "bearer") and value.strip():
+            return value.strip()
+        return handler.get_query_argument("token", "")
+
+    async def identify(self, token: str) -> GpuSchedUser | None:
+        """The user a token belongs to (None: refused)."""
+        raise NotImplementedError
+
+    async def get_user(self, handler: web.RequestHandler) -> User | None:  # type: ignore[override]
+        """Identify the caller by their token; remember it on the handler for XSRF checks."""
+        cached = getattr(handler, "_jupyter_current_user", None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        token = self.bearer(handler)
+        if not token:
+            return None
+        user = await self.identify(token)
+        if user is not None:
+            handler._token_authenticated = True  # type: ignore[attr-defined]
+        return user
+
+    def is_token_authenticated(self, handler: web.RequestHandler) -> bool:
+        """Every caller of the service is (there are no cookie sessions)."""
+        handler.current_user  # noqa: B018  (identify first)
+        return bool(getattr(handler, "_token_authenticated", False))
+
+
+class StoreTokenIdentityProvider(_TokenOnlyIdentityProvider):
+    """Without a Hub: tokens minted by ``jupyter gpusched service token USER``."""
+
+    admin_users = Set(
+        Unicode(),
+        help="Users who may cancel or change anyone's jobs (set by the service's operator).",
+    ).tag(config=True)
+    #: Set by the service once the store is open: token -> user name or None.
+    lookup: Callable[[str], str | None] | None = None
+
+    async def identify(self, token: str) -> GpuSchedUser | None:  # noqa: D102
+        if self.lookup is None:
+            return None
+        name = self.lookup(token)
+        if name is None:
+            return None
+        return GpuSchedUser(username=name, gpusched_admin=name in self.admin_users)
+
+
+class HubIdentityProvider(_TokenOnlyIdentityProvider):
+    """Under JupyterHub: the Hub identifies each token and says what it may do."""
+
+    admin_scope = Unicode(
+        ADMIN_SCOPE, help="JupyterHub scope that makes its holder an admin of the queue."
+    ).tag(config=True)
+    admin_groups = Set(
+        Unicode(), help="JupyterHub groups whose members are admins of the queue."
+    ).tag(config=True)
+    cache_s = Integer(
+        30, help="Seconds a token's identity and scopes are cached before the Hub is asked again."
+    ).tag(config=True)
+    hub_auth = AnyTrait(help="The jupyterhub.services.auth.HubAuth that asks the Hub.")
+
+    @default("hub_auth")
+    def _hub_auth_default(self) -> Any:
+        from jupyterhub.services.auth import HubAuth
+
+        return HubAuth(cache_max_age=self.cache_s, parent=self)
+
+    async def identify(self, token: str) -> GpuSchedUser | None:  # noqa: D102
+        model = await self.hub_auth.user_for_token(token, sync=False)
+        if not model or model.get("kind", "user") != "user":
+            return None
+        if not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
+            self.log.info(
+                "gpusched: token of %s lacks %s; refused",
+                model.get("name"),
+                json.dumps(sorted(self.hub_auth.access_scopes)),
+            )
+            return None
+        admin = self.admin_scope in set(model.get("scopes", ())) or bool(
+            self.admin_groups & set(model.get("groups", ()))
+        )
+        return GpuSchedUser(username=str(model["name"]), gpusched_admin=admin)

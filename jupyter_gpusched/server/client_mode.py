@@ -1,0 +1,282 @@
+"""Client mode: a user's Jupyter server forwards the gpusched API to the lab-wide service.
+
+When ``c.GpuSchedApp.service_url`` is set (or, under JupyterHub, a ``gpusched`` service is
+registered with the Hub), the extension runs no scheduler. Its ``/gpusched/api/*`` routes, the
+events websocket and log follows are forwarded to the service with this server's user's
+identity: their Hub token (``JUPYTERHUB_API_TOKEN`` of the single-user server) or the token
+the service minted for them (``c.GpuSchedApp.service_token``). The panel, widgets, magics and
+CLI talk to their own server exactly as in single-user mode.
+
+What only this server can do happens here before forwarding: files and notebooks named by
+path are read from this server's root (and only from inside it) and sent along as content, and
+executed notebooks the service keeps are copied back beside their input (:mod:`.outputs`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from jupyter_server.auth.decorator import authorized, ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from tornado import httpclient, web, websocket
+from tornado.iostream import StreamClosedError
+
+from jupyter_gpusched.core.errors import BadRequestError
+
+from .handlers.base import API, GpuSchedMixin
+from .uploads import inline_files, inline_notebook
+
+#: Headers of the service's answers passed on to the caller.
+_PASS_HEADERS = ("Content-Type", "X-Log-Offset", "Retry-After", "WWW-Authenticate")
+#: Longest a forwarded request (not a follow) may take.
+_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ServiceLink:
+    """Where the lab-wide service is, and the token this server speaks for its user with."""
+
+    url: str  # the service's base URL, ending in "/"
+    token: str
+
+    def api_url(self, path: str, query: str = "") -> str:
+        """The service's URL for ``gpusched/api/<path>?<query>``."""
+        url = f"{self.url}{API}/{path}"
+        return f"{url}?{query}" if query else url
+
+    def ws_url(self, path: str, query: str = "") -> str:
+        """The websocket URL of an API path."""
+        parts = urlsplit(self.api_url(path, query))
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        return urlunsplit((scheme, *parts[1:]))
+
+    def headers(self) -> dict[str, str]:
+        """Authorization of this server's user."""
+        return {"Authorization": f"token {self.token}"}
+
+
+def hub_service_link(name: str = "gpusched") -> ServiceLink | None:
+    """The service registered with this server's JupyterHub under ``name``, if any.
+
+    Asks the Hub API (``JUPYTERHUB_API_URL``) with this single-user server's own token, so it
+    works only inside a Hub-spawned server whose token may read the service.
+    """
+    api_url = os.environ.get("JUPYTERHUB_API_URL")
+    token = os.environ.get("JUPYTERHUB_API_TOKEN")
+    if not api_url or not token:
+        return None
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{api_url.rstrip('/')}/services/{name}", headers={"Authorization": f"token {token}"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            model = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    base = model.get("url") or ""
+    prefix = model.get("prefix") or f"/services/{name}/"
+    if not base:
+        return None
+    return ServiceLink(f"{base.rstrip('/')}/{prefix.strip('/')}/", token)
+
+
+class _Forwarding(GpuSchedMixin):
+    """What the forwarding handlers share: the link to the service."""
+
+    @property
+    def link(self) -> ServiceLink:
+        return self.settings["gpusched_link"]  # type: ignore[attr-defined,no-any-return]
+
+
+class ForwardHandler(_Forwarding, APIHandler):
+    """Every REST route: the same request to the service, its answer back as it came."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, path: str) -> None:
+        """Forward a read (a log follow streams until the service ends it)."""
+        follow = path.endswith("/log") and self.query_bool("follow")
+        await self._forward("GET", path, None, stream=follow)
+
+    @web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        """Forward a create, first turning file and notebook paths into their content."""
+        body = self.request.body
+        if path in ("jobs", "notebooks", "definitions") and body:
+            body = self._inline(path, body)
+        await self._forward("POST", path, body)
+
+    @web.authenticated
+    @authorized
+    async def patch(self, path: str) -> None:
+        """Forward a change."""
+        await self._forward("PATCH", path, self.request.body)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, path: str) -> None:
+        """Forward a cancel or delete."""
+        await self._forward("DELETE", path, None)
+
+    def _inline(self, path: str, body: bytes) -> bytes:
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            return body  # the service answers with the precise 400
+        root = self.server_root()
+        if path == "jobs":
+            items = data if isinstance(data, list) else [data]
+            for item in items:
+                if isinstance(item, dict):
+                    inline_files(item, root)
+        elif isinstance(data, dict):
+            inline_notebook(data, root)
+        return json.dumps(data).encode()
+
+    async def _forward(
+        self, method: str, path: str, body: bytes | None, *, stream: bool = False
+    ) -> None:
+        query = self.request.query
+        headers = {**self.link.headers()}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+
+        def on_chunk(chunk: bytes) -> None:
+            self.write(chunk)
+            self.flush()
+
+        def on_header(line: str) -> None:
+            if not stream:
+                return
+            if line.startswith("HTTP/"):  # the status line comes first
+                self.set_status(int(line.split()[1]))
+                return
+            name, _, value = line.partition(":")
+            if name.strip() in _PASS_HEADERS and value.strip():
+                self.set_header(name.strip(), value.strip())
+
+        request = httpclient.HTTPRequest(
+            self.link.api_url(path, query),
+            method=method,
+            headers=headers,
+            body=body if method in ("POST", "PATCH", "PUT") else None,
+            request_timeout=None if stream else _TIMEOUT_S,
+            streaming_callback=on_chunk if stream else None,
+            header_callback=on_header if stream else None,
+            follow_redirects=False,
+            allow_nonstandard_methods=True,
+        )
+        client = httpclient.AsyncHTTPClient()
+        try:
+            response = await client.fetch(request, raise_error=False)
+        except (OSError, httpclient.HTTPClientError) as exc:
+            raise web.HTTPError(
+                502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
+            ) from None
+        except StreamClosedError:
+            return  # our client went away mid-follow
+        if response.code == 599:
+            raise web.HTTPError(
+                502, f"the lab's gpusched service at {self.link.url} is unreachable: "
+                f"{response.error}"
+            )  # fmt: skip
+        if stream:
+            self.finish()
+            return
+        self.set_status(response.code)
+        for name in _PASS_HEADERS:
+            if name in response.headers:
+                self.set_header(name, response.headers[name])
+        if "Location" in response.headers:
+            self.set_header("Location", self._local_location(response.headers["Location"]))
+        self.finish(response.body or b"")
+
+    def _local_location(self, location: str) -> str:
+        """The service's ``.../gpusched/api/jobs/5`` as this server's own URL of it."""
+        marker = f"/{API}/"
+        if marker not in location:
+            return location
+        rest = location.split(marker, 1)[1]
+        return f"{self.base_url.rstrip('/')}/{API}/{rest}"  # type: ignore[attr-defined]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:  # noqa: D102
+        GpuSchedMixin.write_error(self, status_code, **kwargs)
+
+
+class EventsForwardHandler(_Forwarding, websocket.WebSocketHandler, JupyterHandler):
+    """The events websocket, relayed from the service's."""
+
+    _upstream: websocket.WebSocketClientConnection | None = None
+
+    def set_default_headers(self) -> None:
+        """JupyterHandler's page headers make no sense on a websocket."""
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        """Refuse unauthenticated upgrades instead of redirecting them to the login page."""
+        await JupyterHandler.prepare(self, _redirect_to_login=False)
+
+    @ws_authenticated
+    @authorized
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        """Open the service's websocket first, then upgrade this one."""
+        request = httpclient.HTTPRequest(
+            self.link.ws_url("events", self.request.query), headers=self.link.headers()
+        )
+        try:
+            self._upstream = await websocket.websocket_connect(request)
+        except (OSError, httpclient.HTTPClientError) as exc:
+            raise web.HTTPError(
+                502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
+            ) from None
+        await super().get(*args, **kwargs)
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        """Relay the service's messages to this client until either side goes."""
+        import asyncio
+
+        self._pump = asyncio.ensure_future(self._relay())
+
+    async def _relay(self) -> None:
+        upstream = self._upstream
+        assert upstream is not None
+        try:
+            while (message := await upstream.read_message()) is not None:
+                await self.write_message(message)
+        except websocket.WebSocketClosedError:
+            pass
+        finally:
+            upstream.close()
+            if self.ws_connection is not None:
+                self.close()
+
+    def on_message(self, message: str | bytes) -> None:
+        """Clients only listen."""
+
+    def on_close(self) -> None:
+        """Close the service's side too."""
+        if self._upstream is not None:
+            self._upstream.close()
+
+
+def check_link(link: ServiceLink) -> None:
+    """Refuse a service URL that cannot be one, at start rather than at the first call."""
+    parts = urlsplit(link.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BadRequestError(
+            f"GpuSchedApp.service_url {link.url!r} is not an http(s) URL like "
+            "http://gpu-head:10101/"
+        )
+
+
+handlers: list[tuple[str, type]] = [
+    (f"{API}/events", EventsForwardHandler),
+    (f"{API}/(.*)", ForwardHandler),
+]

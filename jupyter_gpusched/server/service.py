@@ -1,0 +1,146 @@
+"""``jupyter gpusched service``: the lab's one queue, as a long-lived process of its own.
+
+It runs the scheduler, the store and the node pool, and serves the same REST + websocket API
+(the same OpenAPI) under ``{base_url}gpusched/api/`` -- and nothing else: no notebooks, no
+kernels, no files, no login page. Users' Jupyter servers run the extension in client mode and
+forward their API calls here with the user's identity (:mod:`.client_mode`).
+
+Configuration is the extension's (``c.GpuSchedApp.nodes``, ``c.GpuSchedPolicy.windows``,
+``c.GpuSchedApp.store_url`` -- PostgreSQL recommended), read from
+``jupyter_gpusched_service_config.py`` on the Jupyter config path or ``--config=FILE``.
+
+Two ways to know who calls (``--GpuSchedService.auth``):
+
+* ``hub`` -- a JupyterHub-managed service (``c.JupyterHub.services`` entry with ``command`` and
+  ``url``): the Hub identifies each token; ``auto`` picks this when the Hub's environment
+  (``JUPYTERHUB_SERVICE_NAME``, ``JUPYTERHUB_API_TOKEN``) is there, and takes the address and
+  prefix from ``JUPYTERHUB_SERVICE_URL`` / ``JUPYTERHUB_SERVICE_PREFIX``.
+* ``token`` -- tokens minted with ``jupyter gpusched service token USER``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.parse
+from typing import Any
+
+from jupyter_server.serverapp import ServerApp
+from traitlets import Bool, Enum, Unicode, default
+
+from .auth import HubIdentityProvider, ServiceAuthorizer, StoreTokenIdentityProvider
+from .config import GpuSchedPolicy
+
+#: Where the service listens when no Hub says: loopback, a port of its own.
+DEFAULT_PORT = 10101
+
+
+def under_hub() -> bool:
+    """Whether this process was started by JupyterHub as a managed service."""
+    return bool(
+        os.environ.get("JUPYTERHUB_SERVICE_NAME") and os.environ.get("JUPYTERHUB_API_TOKEN")
+    )
+
+
+class GpuSchedService(ServerApp):
+    """The lab-wide GPU queue: the gpusched API and nothing else of a Jupyter server."""
+
+    name = "jupyter-gpusched-service"
+    description = __doc__.split("\n", 1)[0]
+    # No contents, kernels, terminals, files or pages: only what extensions add (ours).
+    default_services = ()
+    subcommands: dict[str, Any] = {
+        "token": (
+            "jupyter_gpusched.server.service_tokens.TokenApp",
+            "Mint, list or revoke a user's API token of the service (no JupyterHub).",
+        )
+    }
+
+    auth = Enum(
+        ["auto", "hub", "token"],
+        default_value="auto",
+        help="""How callers are identified: 'hub' (JupyterHub tokens; the service must be
+        managed by the Hub), 'token' (tokens minted by 'jupyter gpusched service token USER'),
+        or 'auto' (hub when started by JupyterHub, else token).""",
+    ).tag(config=True)
+    quiet_extensions = Bool(
+        True, help="Load no other server extension, whatever the Jupyter config path enables."
+    ).tag(config=True)
+    data_dir = Unicode(
+        help="""Directory of the service's own files: each user's uploaded notebooks and
+        inputs and the executed notebooks and logs that come back (users/<name>/). Default:
+        gpusched-service under the Jupyter data dir."""
+    ).tag(config=True)
+
+    classes = [*ServerApp.classes, GpuSchedPolicy, StoreTokenIdentityProvider, HubIdentityProvider]
+
+    @property
+    def hub_mode(self) -> bool:
+        """Whether callers are identified by JupyterHub."""
+        return self.auth == "hub" or (self.auth == "auto" and under_hub())
+
+    @default("data_dir")
+    def _data_dir_default(self) -> str:
+        from jupyter_core.paths import jupyter_data_dir
+
+        return os.path.join(jupyter_data_dir(), "gpusched-service")
+
+    @default("identity_provider_class")
+    def _identity_provider_class_default(self) -> type:
+        return HubIdentityProvider if self.hub_mode else StoreTokenIdentityProvider
+
+    @default("authorizer_class")
+    def _authorizer_class_default(self) -> type:
+        return ServiceAuthorizer
+
+    @default("jpserver_extensions")
+    def _jpserver_extensions_default(self) -> dict[str, bool]:
+        return {"jupyter_gpusched": True}
+
+    @default("open_browser")
+    def _open_browser_default(self) -> bool:
+        return False
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        hub_url = os.environ.get("JUPYTERHUB_SERVICE_URL")
+        if self.hub_mode and hub_url:
+            return urllib.parse.urlsplit(hub_url).hostname or "127.0.0.1"
+        return "127.0.0.1"
+
+    @default("port")
+    def _port_default(self) -> int:
+        hub_url = os.environ.get("JUPYTERHUB_SERVICE_URL")
+        if self.hub_mode and hub_url:
+            return urllib.parse.urlsplit(hub_url).port or DEFAULT_PORT
+        return int(os.environ.get("JUPYTER_PORT", DEFAULT_PORT))
+
+    @default("base_url")
+    def _base_url_default(self) -> str:
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+        return prefix if self.hub_mode and prefix else "/"
+
+    @default("default_url")
+    def _default_url_default(self) -> str:
+        return "/gpusched/api/openapi.yaml"
+
+    def find_server_extensions(self) -> None:
+        """Only the gpusched extension runs here, unless told otherwise."""
+        if not self.quiet_extensions:
+            super().find_server_extensions()
+
+    def init_configurables(self) -> None:
+        """Refuse to serve without knowing who calls."""
+        super().init_configurables()
+        if self.hub_mode and not under_hub():
+            raise SystemExit(
+                "jupyter gpusched service: --GpuSchedService.auth=hub needs to run as a "
+                "JupyterHub-managed service (JUPYTERHUB_SERVICE_NAME and JUPYTERHUB_API_TOKEN "
+                "are not set); add it to c.JupyterHub.services, or use auth=token"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the service (``jupyter gpusched service [token USER] [--options]``)."""
+    GpuSchedService.launch_instance(argv=sys.argv[1:] if argv is None else argv)
+    return 0

@@ -1,0 +1,168 @@
+"""Files and notebooks that travel with a request, instead of a path only one host can read.
+
+A user's server in client mode reads what its user named by path -- only from inside its root
+-- and sends the content (:func:`inline_files`, :func:`inline_notebook`); the service writes it
+into that user's private directory (:func:`store_uploads`, :func:`store_notebook`), from where
+the job is staged onto its node. Sizes are bounded on both sides.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import posixpath
+import stat
+import uuid
+from typing import Any
+
+from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+
+#: Largest single file, and all files of one request together, as raw bytes.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+#: Most files one request may carry (a directory counts each file in it).
+MAX_FILES = 1000
+
+
+def inside(root: str, path: str) -> str:
+    """``path`` (absolute, or relative to ``root``) resolved, refusing anything outside root."""
+    real_root = os.path.realpath(root)
+    full = os.path.realpath(path if os.path.isabs(path) else os.path.join(real_root, path))
+    if os.path.commonpath([full, real_root]) != real_root:
+        raise InvalidSpecError(
+            "files", f"{path!r} is outside your Jupyter root {real_root}; move it there first"
+        )
+    return full
+
+
+def inline_files(spec: dict[str, Any], root: str) -> None:
+    """Replace ``spec["files"]`` (paths inside ``root``) by ``spec["uploads"]`` (contents)."""
+    paths = spec.pop("files", None)
+    if not paths:
+        return
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise InvalidSpecError("files", "must be a list of paths")
+    uploads: list[dict[str, Any]] = []
+    total = 0
+    for path in paths:
+        full = inside(root, path)
+        if not os.path.exists(full):
+            raise NotFoundError(f"file {path!r} not found under your Jupyter root")
+        base = os.path.dirname(full)
+        walk = [full] if os.path.isfile(full) else _files_under(full)
+        for name in walk:
+            info = os.stat(name)
+            total += info.st_size
+            if info.st_size > MAX_FILE_BYTES or total > MAX_UPLOAD_BYTES:
+                raise InvalidSpecError(
+                    "files",
+                    f"{path!r} is too large to send with the job (at most "
+                    f"{MAX_FILE_BYTES >> 20} MB a file, {MAX_UPLOAD_BYTES >> 20} MB in all); "
+                    "put large data where the nodes can read it and pass its path",
+                )
+            with open(name, "rb") as f:
+                content = base64.b64encode(f.read()).decode("ascii")
+            rel = os.path.relpath(name, base).replace(os.sep, "/")
+            uploads.append({"name": rel, "content_base64": content, "mode": info.st_mode & 0o777})
+    if len(uploads) > MAX_FILES:
+        raise InvalidSpecError("files", f"more than {MAX_FILES} files; send an archive instead")
+    spec["uploads"] = uploads
+
+
+def _files_under(folder: str) -> list[str]:
+    out = []
+    for dirpath, _, names in os.walk(folder):
+        out.extend(os.path.join(dirpath, n) for n in sorted(names))
+    return out
+
+
+def inline_notebook(request: dict[str, Any], root: str) -> None:
+    """Add the notebook's ``content`` to a notebook request naming it by path under ``root``."""
+    path = request.get("notebook")
+    if not isinstance(path, str) or "content" in request:
+        return
+    full = inside(root, path)
+    if not os.path.isfile(full):
+        raise NotFoundError(f"notebook {path!r} not found under your Jupyter root")
+    if os.path.getsize(full) > MAX_FILE_BYTES:
+        raise InvalidSpecError("notebook", f"larger than {MAX_FILE_BYTES >> 20} MB")
+    with open(full, encoding="utf-8") as f:
+        request["content"] = json.load(f)
+    request["notebook"] = os.path.relpath(full, os.path.realpath(root)).replace(os.sep, "/")
+
+
+def _private_dir(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def user_dir(data_dir: str, user: str) -> str:
+    """A user's private directory under the service's data dir (0700)."""
+    if not user or user in (".", "..") or "/" in user or "\0" in user:
+        raise InvalidSpecError("user", f"{user!r} cannot name a directory")
+    _private_dir(os.path.join(data_dir, "users"))
+    return _private_dir(os.path.join(data_dir, "users", user))
+
+
+def safe_relative(name: str, field: str) -> str:
+    """``name`` as a relative POSIX path that stays where it is put (no ``..``, no root)."""
+    norm = posixpath.normpath(name.replace("\\", "/"))
+    if not name or norm.startswith(("/", "../")) or norm in (".", "..") or "\0" in name:
+        raise InvalidSpecError(field, f"{name!r} is not a relative path inside your directory")
+    return norm
+
+
+def store_uploads(uploads: Any, folder: str) -> list[str]:
+    """Write ``uploads`` into a fresh directory under ``folder``; the paths to stage."""
+    if not isinstance(uploads, list) or len(uploads) > MAX_FILES:
+        raise InvalidSpecError("uploads", f"must be a list of at most {MAX_FILES} files")
+    target = _private_dir(os.path.join(_private_dir(folder), uuid.uuid4().hex[:12]))
+    tops: dict[str, None] = {}
+    total = 0
+    for i, item in enumerate(uploads):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidSpecError(f"uploads.{i}", 'must be {"name", "content_base64", "mode"}')
+        rel = safe_relative(item["name"], f"uploads.{i}.name")
+        try:
+            data = base64.b64decode(str(item.get("content_base64", "")), validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidSpecError(f"uploads.{i}.content_base64", "is not base64") from None
+        total += len(data)
+        if len(data) > MAX_FILE_BYTES or total > MAX_UPLOAD_BYTES:
+            raise InvalidSpecError(
+                f"uploads.{i}",
+                f"too large (at most {MAX_FILE_BYTES >> 20} MB a file, "
+                f"{MAX_UPLOAD_BYTES >> 20} MB in all)",
+            )
+        mode = int(item.get("mode", 0o600)) & 0o700 or 0o600  # the owner's bits only
+        dest = os.path.join(target, rel)
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(dest, mode | stat.S_IRUSR)
+        tops[os.path.join(target, rel.split("/", 1)[0])] = None
+    return list(tops)
+
+
+def store_notebook(content: Any, rel: str, folder: str) -> str:
+    """Write a notebook's JSON ``content`` at ``folder/rel`` (0600); its path."""
+    if not isinstance(content, dict) or "cells" not in content:
+        raise InvalidSpecError("content", "must be the notebook's JSON (an object with cells)")
+    rel = safe_relative(rel, "notebook")
+    if not rel.endswith(".ipynb"):
+        raise InvalidSpecError("notebook", f"{rel!r} is not a notebook (.ipynb)")
+    text = json.dumps(content)
+    if len(text) > MAX_FILE_BYTES:
+        raise InvalidSpecError("content", f"larger than {MAX_FILE_BYTES >> 20} MB")
+    dest = os.path.join(_private_dir(folder), rel)
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, dest)
+    return dest
