@@ -1,0 +1,147 @@
+"""The lab-wide service in a subprocess, and users' Jupyter servers in client mode.
+
+``ServiceProcess`` runs ``jupyter gpusched service`` (token auth, embedded sim cluster) on its
+own Jupyter dirs and store; ``mint(user)`` runs ``jupyter gpusched service token USER`` with
+the same config. ``client_server(root, service, user)`` is a ``jupyter server`` subprocess whose
+extension forwards to the service as ``user``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from _fixtures_server import ServerProcess, _free_port, extension_config
+
+
+class ServiceProcess:
+    """``jupyter gpusched service`` in a subprocess."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        store_url: str | None = None,
+        admins: tuple[str, ...] = ("carol",),
+        sim_dir: str = "",
+        **overrides: Any,
+    ) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(root / "config"),
+            "JUPYTER_DATA_DIR": str(root / "data"),
+            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+        }
+        for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN", "JUPYTERHUB_API_TOKEN"):
+            self.env.pop(key, None)
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        gpusched = extension_config(root, sim_dir=sim_dir, **overrides)
+        if store_url:
+            gpusched["store_url"] = store_url
+        config: dict[str, Any] = {
+            "GpuSchedPolicy": {"windows": [{"name": "all"}]},  # no day/night surprises
+            "GpuSchedService": {
+                "port": self.port,
+                "allow_root": True,
+                "data_dir": str(root / "service-data"),
+            },
+            "StoreTokenIdentityProvider": {"admin_users": list(admins)},
+            "GpuSchedApp": gpusched,
+        }
+        (root / "config" / "jupyter_gpusched_service_config.json").write_text(json.dumps(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.admins = admins
+        self.admin_token = ""
+
+    def _cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "jupyter_gpusched.cli.app", "service", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    def mint(self, user: str) -> str:
+        """A new API token for ``user``."""
+        return self._cli("token", user).splitlines()[-1]
+
+    def start(self, timeout_s: float = 60.0, *, wait: bool = True) -> ServiceProcess:
+        """Start; unless ``wait`` is False, wait until the API answers."""
+        if not self.admin_token:
+            self.admin_token = self.mint(self.admins[0])
+        with open(self.root / "service.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyter_gpusched.cli.app", "service"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+            )
+        if wait:
+            self.wait_answering(timeout_s)
+        return self
+
+    def wait_answering(self, timeout_s: float = 60.0) -> None:
+        """Until the API answers the admin's token."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                self.api("GET", "jobs?limit=1", token=self.admin_token)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.1)
+        raise RuntimeError(f"service did not answer within {timeout_s}s:\n{self.log_text()}")
+
+    def api(self, method: str, path: str, body: Any = None, *, token: str) -> Any:
+        """One REST call with ``token``; the JSON answer (HTTPError on 4xx/5xx)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + "gpusched/api/" + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
+        """SIGTERM (clean) or SIGKILL (a crash), then wait."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_text(self) -> str:
+        """What the service printed."""
+        path = self.root / "service.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def client_server(root: Path, service: ServiceProcess, token: str) -> ServerProcess:
+    """A user's ``jupyter server`` (not started) forwarding to ``service`` with ``token``."""
+    root.mkdir(parents=True, exist_ok=True)
+    return ServerProcess(root, service_url=service.url, service_token=token)
