@@ -96,6 +96,17 @@ class Backend(Protocol):
         """Start ``job`` detached on ``placement``; return facts to find it again.
 
         ``argv`` is what to run (a notebook runner, a kernel); default: the spec's command.
+        Idempotent per job attempt: launching it again returns the first launch. Raises
+        :class:`~jupyter_gpusched.core.errors.NodeRefusedError` when the node answered that
+        it could not start it, another ``BackendError`` when the outcome is unknown.
+        """
+        ...
+
+    async def claim_launch(self, job: Job, placement: Placement) -> LaunchResult | None:
+        """The launch of this job attempt if it started; else make sure it never will.
+
+        For a job whose launch may have been cut short (a crash, a cancel while starting):
+        after this, a late ``launch`` of the same attempt starts nothing.
         """
         ...
 

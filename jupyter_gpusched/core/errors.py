@@ -83,5 +83,13 @@ class BackendError(GpuSchedError):
     status = 502
 
 
+class NodeRefusedError(BackendError):
+    """The node answered, and said no: its command ran and failed (nothing was left running).
+
+    Unlike other backend errors (unreachable, connection lost, timed out), this one is
+    definite: the node did what it was asked and reported the failure.
+    """
+
+
 class HostKeyError(BackendError):
     """A node's SSH host key is unknown or does not match known_hosts."""

@@ -180,6 +180,28 @@ def launch(
     return {**answer, "reused": False}
 
 
+def claim(job_dir: str, *, wait_s: float = 10.0) -> dict[str, Any]:
+    """The launch of a job dir if it started; else make sure none ever starts there.
+
+    For a scheduler that finds a job cancelled (or its lease lost) while its launch may be
+    in flight elsewhere: taking the lock first means a late launch of this job dir finds it
+    taken and starts nothing. ``started`` is True (with the record), False (claimed, never
+    started) or None (a launch died half way; its process, if any, has no record).
+    """
+    job_dir = os.path.abspath(os.path.expanduser(job_dir))
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    record = os.path.join(job_dir, "launch.json")
+    try:
+        os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))
+        return {"started": False}
+    except FileExistsError:
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    previous = _read(record)
+    return {"started": None} if previous is None else {"started": True, **json.loads(previous)}
+
+
 # --------------------------------------------------------------------------- status / kill
 
 
@@ -325,6 +347,8 @@ def _parser() -> argparse.ArgumentParser:
     lp.add_argument("--gpus", help="comma-separated GPU UUIDs or indices for CUDA_VISIBLE_DEVICES")
     lp.add_argument("--log")
     lp.add_argument("argv", nargs=argparse.REMAINDER)
+    cp = sub.add_parser("claim", help="a job dir's launch record, or claim it so none starts")
+    cp.add_argument("--job-dir", required=True)
     sp = sub.add_parser("status", help="is a job running; its exit code once ended")
     sp.add_argument("--job-dir", required=True)
     sp.add_argument("--pid", type=int, required=True)
@@ -350,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "probe":
             result: dict[str, Any] = probe()
+        elif args.cmd == "claim":
+            result = claim(args.job_dir)
         elif args.cmd == "launch":
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             result = launch(

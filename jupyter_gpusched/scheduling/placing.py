@@ -19,7 +19,6 @@ from jupyter_gpusched.core import backfill, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
-    GpuSchedError,
 )
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -34,6 +33,7 @@ from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.store import Store
 
 from . import moves
+from .launching import Launcher
 from .tracking import JobTracker
 
 
@@ -46,6 +46,7 @@ class Placing:
     policy: windows.PolicyConfig
     clock: Clock
     tracker: JobTracker
+    launcher: Launcher
     packer_policy: str
     commands: dict[JobKind, Callable[[Job], Sequence[str]]]
     claim_ttl_s: float
@@ -76,6 +77,9 @@ class Placing:
         ctx = self._admission_context(now, active, state)
         head: backfill.Reservation | None = None
         for job in order.jobs:
+            retry_at = job.handle.get("retry_launch_at")
+            if retry_at and now < datetime.fromisoformat(retry_at):
+                continue  # its node refused it a moment ago; its reason says when it retries
             admission = policy.admit(job, ctx)
             if not admission.ok:
                 self._set_reason(job, admission.reason)
@@ -220,7 +224,13 @@ class Placing:
         )
         now = self.clock.now()
         limit_s = _runtime_limit(job, active)
-        handle: dict[str, Any] = {k: v for k, v in job.handle.items() if k == "previous"}
+        handle: dict[str, Any] = {
+            k: v for k, v in job.handle.items() if k in ("previous", "launch_failures")
+        }
+        # Where this attempt would run, so it can be found (or claimed) if its launch is cut.
+        handle.update(node=placement.node, attempt=job.attempt)
+        if node.gpus:
+            handle["gpu_mem_mb"] = int(placement.share_per_gpu * node.gpus[0].mem_total_mb)
         if limit_s is not None:
             handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
             handle["limit_s"] = limit_s
@@ -234,30 +244,7 @@ class Placing:
             handle=handle,
             reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
         )
-        reserved_mb = 0.0
-        if node.gpus:
-            reserved_mb = placement.share_per_gpu * node.gpus[0].mem_total_mb
-        try:
-            argv = list(self.commands[job.spec.kind](job))
-            # The job learns how much GPU memory it may use; the simulator also reads it.
-            env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(int(reserved_mb))}
-            spec = job.spec.model_copy(update={"env": env})
-            result = await self.backend.launch(
-                job.model_copy(update={"spec": spec}), placement, argv=argv
-            )
-        except GpuSchedError as exc:
-            self.tracker.move(
-                job.id,
-                JobState.QUEUED,
-                reason=f"launch on {placement.node} failed: {exc.message}",
-                placement=None,
-                started_at=None,
-                handle={k: v for k, v in handle.items() if k == "previous"},
-            )
-            return
-        self.tracker.move(
-            job.id, JobState.RUNNING, expect=JobState.STARTING, handle={**handle, **result.handle}
-        )
+        await self.launcher.launch(job)
 
     def _set_reason(self, job: Job, reason: str | None) -> None:
         """Record why a queued job waits; written only when the reason changes."""

@@ -39,8 +39,9 @@ from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 
 from .events import EventHub
+from .launching import Launcher
 from .placing import Placing
-from .tracking import JobTracker
+from .tracking import JobTracker, launched
 from .views import ClusterSnapshot, cluster_view, job_view
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Scheduler(Placing):
             poll_interval_s=poll_interval_s,
             cancel_grace_s=cancel_grace_s,
         )
+        self.launcher = Launcher(store, backend, self.tracker, clock, self.commands)
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
@@ -241,6 +243,7 @@ class Scheduler(Placing):
             now = self.clock.now()
             active = windows.resolve_window(self.policy, now)
             await self._refresh_inventory()
+            await self._resume_launches()
             await self.tracker.poll_active()
             await self.tracker.reap_stale()
             await self._enforce_limits(now, active)
@@ -249,6 +252,19 @@ class Scheduler(Placing):
             await self._schedule(now, active)
             await self._run_end_hooks()
         await self.notify()
+
+    async def _resume_launches(self) -> None:
+        """Settle ``starting`` jobs whose launch did not return (a crash, a takeover)."""
+        starting, _ = self.store.list_jobs(states=[JobState.STARTING], limit=1_000_000)
+        for job in starting:
+            if launched(job):
+                continue
+            node = job.placement.node if job.placement else ""
+            if self._node_down(node):
+                # It cannot be confirmed; its attempt is claimed when the node is back.
+                self.tracker.lose(job, f"node {node} went down while the job was starting")
+                continue
+            await self.launcher.resume(job)
 
     def _note_ended(self, job_id: int) -> None:
         if self._hooks_backlog is not None:  # before the first tick the catch-up finds it
@@ -397,15 +413,25 @@ class Scheduler(Placing):
         else:
             handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
             job = self.store.update_job(job_id, handle=handle, event="stopping")
-            if job.handle.get("pgid") is not None:
+            if launched(job):
                 await self.backend.cancel(job, grace_s=self.cancel_grace_s)
-            job = await self.tracker.settle_stopped(job_id)
-            if job.state in ACTIVE_STATES:  # never launched, or unkillable: stop tracking it
-                job = self.tracker.move(
-                    job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
-                )
+                job = await self.tracker.settle_stopped(job_id)
+            else:
+                # Its launch has not returned: the launcher stops it once it does, or claims
+                # its attempt so that it never starts (a pass away).
+                self.wake()
+                job = await self._settled(job_id, self.cancel_grace_s + 5.0)
         self.wake()
         await self.notify()
+        return job
+
+    async def _settled(self, job_id: int, timeout_s: float) -> Job:
+        """The job once it left the active states, or as it is after ``timeout_s``."""
+        deadline = self.clock.monotonic() + timeout_s
+        job = self.store.get_job(job_id)
+        while job.state in ACTIVE_STATES and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            job = self.store.get_job(job_id)
         return job
 
     def update(

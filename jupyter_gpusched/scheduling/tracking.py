@@ -16,7 +16,7 @@ from typing import Any
 from jupyter_gpusched.cluster.base import Backend, JobStatus
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, GpuSchedError
-from jupyter_gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
+from jupyter_gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, Placement
 from jupyter_gpusched.store.store import Store
 
 
@@ -51,6 +51,7 @@ class JobTracker:
                 return
         self._polled_at = mono
         jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        jobs = [j for j in jobs if launched(j)]  # the rest are the launcher's to settle
         statuses = await asyncio.gather(*(self.safe_poll(j) for j in jobs))
         for job, status in zip(jobs, statuses, strict=True):
             # An API call (cancel) may have settled the job while we polled: theirs stands.
@@ -59,10 +60,8 @@ class JobTracker:
 
     async def safe_poll(self, job: Job) -> JobStatus:
         """The backend's answer for one job; an error reads as lost, never raises."""
-        if not job.handle:
-            # Started in the store but the launch never returned (crash mid-launch): the
-            # backend cannot know it, so it counts as lost and follows its retry setting.
-            return JobStatus(running=False, lost=True, detail="launch did not complete")
+        if not launched(job):
+            return JobStatus(running=False, lost=True, detail="its launch has not returned")
         try:
             return await self.backend.poll(job)
         except GpuSchedError as exc:
@@ -72,7 +71,7 @@ class JobTracker:
         """Record one poll: started, ended, or lost (only when its node is down)."""
         node = job.placement.node if job.placement else None
         if status.lost:
-            if not job.handle or (node and self.node_down(node)):
+            if node and self.node_down(node):
                 self.lose(job, status.detail or f"node {node} is unreachable")
             return
         if status.running:
@@ -169,16 +168,14 @@ class JobTracker:
             stale = [
                 old
                 for old in job.handle.get("previous", [])
-                if not old.get("reaped") and old.get("pgid") is not None
+                if not old.get("reaped") and old.get("node")
             ]
             changed = False
             for old in stale:
-                if self.node_down(old.get("node", "")):
+                if self.node_down(old["node"]):
                     continue
                 try:
-                    await self.backend.cancel(
-                        job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
-                    )
+                    await self._reap(job, old)
                 except GpuSchedError:
                     continue
                 old["reaped"] = True
@@ -186,6 +183,20 @@ class JobTracker:
             if changed:
                 with contextlib.suppress(ConflictError):
                     self.store.update_job(job.id, handle=job.handle, event="reconciled")
+
+    async def _reap(self, job: Job, old: dict[str, Any]) -> None:
+        """Stop one earlier attempt; one whose launch never returned is claimed first."""
+        if old.get("pgid") is None:
+            if old.get("attempt") is None:
+                return  # nothing says where it would be
+            attempt = job.model_copy(update={"attempt": int(old["attempt"])})
+            found = await self.backend.claim_launch(attempt, Placement(node=old["node"]))
+            if found is None:
+                return  # never started, and now never will
+            old.update(found.handle)
+        await self.backend.cancel(
+            job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
+        )
 
     async def stop(self, job: Job, why: str, reason: str) -> None:
         """Stop a running job (TERM, then KILL after the grace), recording why first."""
@@ -206,6 +217,11 @@ class JobTracker:
         with contextlib.suppress(ConflictError):
             self.finish(self.store.get_job(job_id), status)
         return self.store.get_job(job_id)
+
+
+def launched(job: Job) -> bool:
+    """Whether the job's launch returned (its pid is in the store)."""
+    return job.handle.get("pid") is not None
 
 
 def _exit_reason(code: int | None) -> str:

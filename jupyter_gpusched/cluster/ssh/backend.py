@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncssh
 
-from jupyter_gpusched.core.errors import BackendError
+from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
 from jupyter_gpusched.core.models import Job, Placement
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
@@ -72,9 +72,12 @@ class SshBackend(NodePool):
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or result.exit_status != 0:
-            why = (answer or {}).get("error") if isinstance(answer, dict) else None
-            why = why or (result.stderr or result.stdout or "").strip()[-1000:]
-            raise BackendError(
+            # An exit status means the agent ran and said no; none means the channel went.
+            error = NodeRefusedError if result.exit_status >= 0 else BackendError
+            if isinstance(answer, dict) and answer.get("error"):
+                raise error(f"node {st.cfg.name}: {args[0]}: {answer['error']}")
+            why = (result.stderr or result.stdout or "").strip()[-1000:]
+            raise error(
                 f"node {st.cfg.name}: agent {args[0]} failed (exit {result.exit_status}): {why}; "
                 f"is jupyter_gpusched importable by {' '.join(st.cfg.agent_argv())!r} there?"
             )
@@ -148,10 +151,7 @@ class SshBackend(NodePool):
         command = list(argv or job.spec.command or [])
         if not command:
             raise BackendError(f"job {job.id} has no command to run on {placement.node}")
-        # Unique per job and attempt even across a reset store (ids restart); launching the
-        # same job and attempt twice returns the first launch (the agent's launch record).
-        stamp = job.submitted_at.strftime("%Y%m%dT%H%M%S")
-        job_dir = f"{st.cfg.workdir.rstrip('/')}/jobs/{job.id}.{job.attempt}-{stamp}"
+        job_dir = self._job_dir(st, job)
         if st.cfg.staging == "sftp" and job.spec.files:
             job_dir = await self._absolute(st, job_dir)
             await self._stage(st, job_dir, job.spec.files)
@@ -161,16 +161,23 @@ class SshBackend(NodePool):
         if job.spec.workdir:
             args += ["--cwd", job.spec.workdir]
         answer = await self._agent(st, [*args, "--", *command], timeout_s=60.0)
-        return LaunchResult(
-            handle={
-                "node": placement.node,
-                "pid": answer["pid"],
-                "pgid": answer["pgid"],
-                "start_time": answer["start_time"],
-                "job_dir": answer["job_dir"],
-                "log": answer["log"],
-            }
-        )
+        return _launch_result(placement.node, answer)
+
+    async def claim_launch(self, job: Job, placement: Placement) -> LaunchResult | None:
+        """The attempt's launch if it started; else make sure it never starts (None)."""
+        st = self._node(placement.node)
+        answer = await self._agent(st, ["claim", "--job-dir", self._job_dir(st, job)])
+        return _launch_result(placement.node, answer) if answer.get("started") else None
+
+    @staticmethod
+    def _job_dir(st: _Node, job: Job) -> str:
+        """Unique per job and attempt even across a reset store (ids restart).
+
+        Launching the same job and attempt twice returns the first launch (the agent's
+        launch record), so a launch cut short can be repeated safely.
+        """
+        stamp = job.submitted_at.strftime("%Y%m%dT%H%M%S")
+        return f"{st.cfg.workdir.rstrip('/')}/jobs/{job.id}.{job.attempt}-{stamp}"
 
     def _handle(self, job: Job) -> tuple[_Node, dict[str, Any]]:
         handle = job.handle or {}
@@ -249,6 +256,11 @@ class SshBackend(NodePool):
             if process.returncode != 0:
                 why = (await process.stderr.read()).decode(errors="replace").strip()[-500:]
                 raise BackendError(f"node {st.cfg.name}: following the log failed: {why}")
+
+
+def _launch_result(node: str, answer: Mapping[str, Any]) -> LaunchResult:
+    keys = ("pid", "pgid", "start_time", "job_dir", "log")
+    return LaunchResult(handle={"node": node, **{k: answer[k] for k in keys}})
 
 
 def _gpu_info(g: Mapping[str, Any]) -> GpuInfo:

@@ -1,0 +1,172 @@
+"""Starting placed jobs on their nodes: exactly once per attempt, whatever happens meanwhile.
+
+A job is written as ``starting`` (with its placement) before its node is asked to start it, and
+as ``running`` (with its pid) once the node says it did. Anything can happen in between -- the
+scheduler killed, its lease taken over, the connection dropped, the job cancelled -- so:
+
+* a launch is idempotent per job attempt (the node keeps a launch record in the attempt's job
+  directory): a ``starting`` job found without a pid is simply launched again, and gets the
+  first launch back if there was one (:meth:`Launcher.resume`);
+* a launch whose outcome is unknown (the connection went) leaves the job ``starting`` on its
+  node, to be resumed, never requeued elsewhere while the node may be running it;
+* a job cancelled while starting is stopped once its launch returns, or, when no launch is in
+  flight, its attempt is claimed on the node so that no late launch can start it;
+* a launch the node refuses (a working directory that does not exist...) is tried again after
+  a growing pause, and after a few tries the job fails with the node's words as its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from jupyter_gpusched.cluster.base import Backend
+from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.errors import ConflictError, GpuSchedError, NodeRefusedError
+from jupyter_gpusched.core.models import Job, JobKind, JobState
+from jupyter_gpusched.store.store import Store
+
+from .tracking import JobTracker
+
+log = logging.getLogger(__name__)
+
+#: Handle keys that outlive a failed launch (the rest describe the launch itself).
+_KEEP_ON_REQUEUE = ("previous", "launch_failures")
+
+
+class Launcher:
+    """Launches ``starting`` jobs and settles what their launches did.
+
+    Parameters
+    ----------
+    max_failures
+        Launches the nodes refuse before the job fails.
+    backoff_s
+        Pause after the first refused launch; it doubles with each further one.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        tracker: JobTracker,
+        clock: Clock,
+        commands: dict[JobKind, Callable[[Job], Sequence[str]]],
+        *,
+        max_failures: int = 3,
+        backoff_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.tracker = tracker
+        self.clock = clock
+        self.commands = commands
+        self.max_failures = max_failures
+        self.backoff_s = backoff_s
+
+    async def launch(self, job: Job) -> None:
+        """Start a job already written as ``starting``; record what came of it."""
+        assert job.placement is not None
+        try:
+            argv = list(self.commands[job.spec.kind](job))
+            # The job learns how much GPU memory it may use; the simulator also reads it.
+            env = {**job.spec.env, "GPUSCHED_GPU_MEM_MB": str(job.handle.get("gpu_mem_mb", 0))}
+            spec = job.spec.model_copy(update={"env": env})
+            result = await self.backend.launch(
+                job.model_copy(update={"spec": spec}), job.placement, argv=argv
+            )
+        except NodeRefusedError as exc:
+            self._refused(job, exc.message)
+            return
+        except GpuSchedError as exc:
+            # Unknown whether it started: it stays starting on its node and is resumed.
+            log.warning("gpusched: launch of job %s unsettled: %s", job.id, exc.message)
+            with contextlib.suppress(ConflictError):
+                self.store.update_job(
+                    job.id, reason=f"starting on {job.placement.node}: {exc.message}"
+                )
+            return
+        await self._started(job.id, result.handle)
+
+    async def resume(self, job: Job) -> None:
+        """Settle a ``starting`` job that has no pid in the store (its launch was cut short)."""
+        if job.handle.get("stopping"):
+            await self._abandon(job)
+        else:
+            await self.launch(job)
+
+    async def _started(self, job_id: int, launched: dict[str, Any]) -> None:
+        """The node started it: running -- unless it was cancelled meanwhile; then stop it."""
+        job = self.store.get_job(job_id)
+        if job.state is JobState.STARTING and not job.handle.get("stopping"):
+            try:
+                self.tracker.move(
+                    job_id,
+                    JobState.RUNNING,
+                    expect=JobState.STARTING,
+                    handle={**job.handle, **launched},
+                    reason=None,
+                )
+                return
+            except ConflictError:
+                job = self.store.get_job(job_id)  # cancelled between our read and write
+        # Stopped while it was starting: keep where it runs, and stop it.
+        with contextlib.suppress(ConflictError):
+            job = self.store.update_job(job_id, handle={**job.handle, **launched}, event=None)
+        with contextlib.suppress(GpuSchedError):
+            await self.backend.cancel(job, grace_s=self.tracker.cancel_grace_s)
+        if job.state is JobState.STARTING:
+            await self.tracker.settle_stopped(job_id)
+
+    async def _abandon(self, job: Job) -> None:
+        """A job stopped while starting, no launch in flight: make sure it never runs."""
+        assert job.placement is not None
+        try:
+            launched = await self.backend.claim_launch(job, job.placement)
+        except GpuSchedError:
+            return  # the node cannot say now; try again next pass
+        if launched is not None:
+            await self._started(job.id, launched.handle)
+            return
+        with contextlib.suppress(ConflictError):
+            self.tracker.move(
+                job.id,
+                JobState.CANCELLED,
+                reason=job.handle.get("stop_reason") or "cancelled while starting",
+                finished_at=self.clock.now(),
+            )
+
+    def _refused(self, job: Job, message: str) -> None:
+        """The node could not start it: try again after a pause, or fail after a few tries."""
+        node = job.placement.node if job.placement else "its node"
+        failures = int(job.handle.get("launch_failures", 0)) + 1
+        handle = {k: v for k, v in job.handle.items() if k in _KEEP_ON_REQUEUE}
+        handle["launch_failures"] = failures
+        with contextlib.suppress(ConflictError):
+            if failures >= self.max_failures:
+                self.tracker.move(
+                    job.id,
+                    JobState.FAILED,
+                    expect=JobState.STARTING,
+                    handle=handle,
+                    finished_at=self.clock.now(),
+                    reason=f"could not start on {node} ({failures} tries): {message}",
+                )
+                return
+            pause_s = self.backoff_s * 2 ** (failures - 1)
+            handle["retry_launch_at"] = (self.clock.now() + timedelta(seconds=pause_s)).isoformat()
+            self.tracker.move(
+                job.id,
+                JobState.QUEUED,
+                expect=JobState.STARTING,
+                handle=handle,
+                placement=None,
+                started_at=None,
+                reason=(
+                    f"could not start on {node} (try {failures} of {self.max_failures}): "
+                    f"{message}; trying again in {pause_s:g} s"
+                ),
+            )
