@@ -64,6 +64,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.admins = admins
         self.admin_token = ""
+        self.log_offset = 0  # where the log of the current run starts
 
     def _cli(self, *args: str) -> str:
         done = subprocess.run(
@@ -84,7 +85,9 @@ class ServiceProcess:
         """Start; unless ``wait`` is False, wait until the API answers."""
         if not self.admin_token:
             self.admin_token = self.mint(self.admins[0])
-        with open(self.root / "service.log", "ab") as log:
+        log_path = self.root / "service.log"
+        self.log_offset = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jupyter_gpusched.cli.app", "service"],
                 env=self.env,
@@ -135,10 +138,14 @@ class ServiceProcess:
                 self.proc.wait()
         self.proc = None
 
-    def log_text(self) -> str:
-        """What the service printed."""
+    def log_text(self, *, this_run: bool = False) -> str:
+        """What the service printed (in every run, or since its last start)."""
         path = self.root / "service.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        if not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(self.log_offset if this_run else 0)
+            return f.read().decode(errors="replace")
 
 
 def client_server(root: Path, service: ServiceProcess, token: str) -> ServerProcess:

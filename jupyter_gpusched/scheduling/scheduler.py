@@ -176,13 +176,17 @@ class Scheduler(Placing):
     async def _hold_lease(self) -> None:
         """Take or renew the lease; start or stop acting when that changed."""
         assert self._lease is not None
+        began = self.clock.monotonic()
         try:
-            lead = self._lease.hold()
+            lead = await asyncio.to_thread(self._lease.hold)
         except Exception as exc:  # the store is away: act only while our lease surely holds
             if self._epoch is not None and self.clock.now() >= self._lease_until:
                 log.warning("gpusched: cannot renew the leader lease (%s); standing by", exc)
                 self._step_down()
             return
+        took_s = self.clock.monotonic() - began
+        if took_s > self.leader_ttl_s / 3:
+            log.warning("gpusched: the leader lease check took %.1f s", took_s)
         if lead.mine:
             self._lease_until = lead.expires_at
             if self._epoch != lead.epoch:

@@ -16,6 +16,7 @@ It runs in one of three modes:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
@@ -190,6 +191,10 @@ class GpuSchedApp(ExtensionApp):
         self._ready = None  # asyncio.Event, created on the server's loop
         self._sim: Any = None
         self._sync: Any = None
+        # The package's records go where the server's go, at the server's --log-level.
+        package_log = logging.getLogger("jupyter_gpusched")
+        package_log.parent = self.serverapp.log
+        package_log.setLevel(logging.NOTSET)
         self.link = self._service_link()
         self.mode = "client" if self.link else "service" if self._in_service() else "embedded"
         self.settings["gpusched_mode"] = self.mode
