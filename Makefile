@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(LAB_SOURCES)
 demo: $(STAMP)
 	$(BIN)/jupyter-gpusched demo
 
-## System packages the tests use for real peers (PostgreSQL, OpenSSH, Chromium).
+## What the tests use for real peers: PostgreSQL, OpenSSH, Chromium, configurable-http-proxy.
 system-deps:
 	bash scripts/system-deps.sh
 

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Install the Debian packages that the tests drive for real: PostgreSQL (store tests),
-# OpenSSH's sshd (SSH backend tests) and Chromium (lab panel tests). Skips what is present.
+# Install what the tests drive for real: Debian's PostgreSQL (store tests), OpenSSH's sshd (SSH
+# backend tests) and Chromium (lab panel tests), and configurable-http-proxy from npm (the
+# proxy of the JupyterHub tests) into the repo-local, gitignored .cache/chp. Skips what is present.
 set -euo pipefail
 need=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 [ -x /usr/bin/chromium ] || need+=(chromium)
-if [ ${#need[@]} -eq 0 ]; then
-  exit 0
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+  echo "system-deps: installed ${need[*]}"
 fi
-if [ "$(id -u)" != 0 ]; then
-  echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
-  exit 1
+
+CHP_VERSION=5.3.0
+chp_dir="$(cd "$(dirname "$0")/.." && pwd)/.cache/chp"
+chp="$chp_dir/node_modules/.bin/configurable-http-proxy"
+if [ "$("$chp" --version 2>/dev/null)" != "$CHP_VERSION" ]; then
+  if ! command -v npm >/dev/null; then
+    echo "system-deps: configurable-http-proxy needs Node.js >= 20 with npm (the lab extension build needs Node too)" >&2
+    exit 1
+  fi
+  npm install --prefix "$chp_dir" --save-exact --no-audit --no-fund --loglevel=error \
+    "configurable-http-proxy@$CHP_VERSION" >/dev/null
+  echo "system-deps: installed configurable-http-proxy $CHP_VERSION in $chp_dir"
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${need[@]}" >/dev/null
-echo "system-deps: installed ${need[*]}"
