@@ -1,0 +1,144 @@
+"""One queue for a lab under a real JupyterHub: the service is Hub-managed, users are real.
+
+JupyterHub (with configurable-http-proxy) spawns alice's and bob's servers as their own Unix
+users; ``jupyter gpusched service`` runs as the Hub's ``gpusched`` service and knows callers by
+their Hub token; the users' servers find it through the Hub (no ``service_url`` configured)
+and forward to it with their own server token. carol holds ``custom:gpusched:admin``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import textwrap
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users", "_lab_scenarios")
+from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
+from _fixtures_server import extension_config  # noqa: E402
+from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402
+from _lab_scenarios import definition_outlives_its_owners_server, one_queue  # noqa: E402
+
+__all__ = ["hub_factory", "unix_users", "user_python"]  # fixtures
+
+pytestmark = pytest.mark.slow
+
+#: Runs a notebook in a kernel as the calling Unix user, against that user's server.
+RUN_CELLS = textwrap.dedent(
+    """\
+    import json, sys
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in json.loads(sys.argv[1])]
+    NotebookClient(nb, kernel_name="python3", timeout=120, allow_errors=True).execute()
+    out = nb.cells[-1].outputs
+    print(json.dumps("".join(o.get("text", "") for o in out) or out))
+    """
+)
+
+
+class HubLab:
+    """The lab through its Hub: users' servers at /user/NAME/, the service managed."""
+
+    def __init__(self, hub: Hub, users: dict[str, UnixUser], python: UserPython) -> None:
+        self.hub = hub
+        self.users = users
+        self.python = python
+        self.tokens = {name: hub.new_token(name) for name in ("alice", "bob", "carol")}
+
+    def call(self, user: str, method: str, path: str, body: Any = None) -> Any:
+        url = self.hub.server_url(user) + "gpusched/api/" + path
+        return _ok(http(method, url, token=self.tokens[user], body=body), url)
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        url = self.hub.service_url() + "gpusched/api/" + path
+        return _ok(http(method, url, token=self.tokens["carol"], body=body), url)
+
+    def gpu_cell(self, user: str, source: str) -> str:
+        env = self.users[user].env(
+            self.python.path,
+            GPUSCHED_URL=self.hub.server_url(user),
+            GPUSCHED_TOKEN=self.tokens[user],
+            JUPYTER_RUNTIME_DIR=str(self.hub.user_dir(user) / "runtime"),
+        )
+        cells = json.dumps(["%load_ext jupyter_gpusched", "%%gpu\n" + source])
+        done = self.users[user].run(self.python.argv("-c", RUN_CELLS, cells), env=env, timeout=180)
+        return str(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    def root(self, user: str) -> Path:
+        return self.hub.user_dir(user) / "root"
+
+    def hand_over(self, user: str) -> None:
+        account = self.users[user]
+        for path in [self.root(user), *self.root(user).rglob("*")]:
+            os.chown(path, account.uid, account.gid)
+
+    def stop_server(self, user: str) -> None:
+        self.hub.stop_server(user)
+
+    def start_server(self, user: str) -> None:
+        self.hub.start_servers(user)
+
+
+def _ok(response: Any, url: str) -> Any:
+    if response.status >= 400:
+        body = io.BytesIO(response.body)
+        raise urllib.error.HTTPError(url, response.status, "", {}, body)  # type: ignore[arg-type]
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def lab(
+    hub_factory: HubFactory,
+    unix_users: dict[str, UnixUser],
+    user_python: UserPython,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[HubLab]:
+    root = tmp_path_factory.mktemp("hub-service")
+    config = {
+        "GpuSchedApp": extension_config(root),
+        "GpuSchedPolicy": {"windows": [{"name": "all"}]},
+        "GpuSchedService": {"allow_root": True, "data_dir": str(root / "service-data")},
+        "HubIdentityProvider": {"cache_s": 2},
+    }
+    (root / "service_config.json").write_text(json.dumps(config))
+    env = {
+        f"JUPYTER_{kind}_DIR": str(root / kind.lower()) for kind in ("CONFIG", "DATA", "RUNTIME")
+    }
+    command = [sys.executable, "-m", "jupyter_gpusched.cli.app", "service",
+               f"--config={root / 'service_config.json'}"]  # fmt: skip
+    service = ServiceSpec("gpusched", command, environment={**env, "PATH": os.environ["PATH"]})
+    hub = hub_factory(service=service, admins=["carol"])
+    hub.start_servers("alice", "bob")
+    try:
+        yield HubLab(hub, unix_users, user_python)
+    finally:
+        hub.stop()
+
+
+def test_users_servers_find_the_service_through_the_hub_and_run_as_their_users(
+    lab: HubLab,
+) -> None:
+    for user in ("alice", "bob"):
+        assert lab.call(user, "GET", "jobs?limit=1")["jobs"] is not None
+    job = lab.call("bob", "POST", "jobs", {"kind": "script", "command": ["true"], "gpus": 0})
+    assert job["spec"]["user"] == "bob"  # who the Hub says, not who the server claims
+    plain = lab.hub.new_token("bob", scopes=["read:users!user=bob"])
+    answer = http("GET", lab.hub.service_url() + "gpusched/api/jobs", token=plain)
+    assert answer.status in (401, 403)  # a token without access to the service is refused
+
+
+def test_one_queue_under_the_hub_fair_and_owned(lab: HubLab) -> None:
+    one_queue(lab)
+
+
+def test_a_definition_outlives_its_owners_stopped_server_under_the_hub(lab: HubLab) -> None:
+    definition_outlives_its_owners_server(lab)
