@@ -49,7 +49,8 @@ def hub(hub_factory: HubFactory) -> Iterator[Hub]:
     hub = hub_factory(
         service=service,
         admins=ADMINS,
-        singleuser_config={"GpuSchedApp": {"admin_users": ["alice"]}},
+        # the servers' own schedulers (not client mode: the stand-in is no gpusched service)
+        singleuser_config={"GpuSchedApp": {"admin_users": ["alice"], "hub_service_name": ""}},
     )
     hub.start_servers(*SPAWNED)
     yield hub

@@ -25,3 +25,48 @@ def test_the_readme_config_example_loads_into_the_traits() -> None:
     app = GpuSchedApp(config=c)
     assert [n["name"] for n in app.nodes] == ["gpu1", "gpu2"]
     assert app.admin_users == {"lab-admin"}
+
+
+def _lab_wide_blocks() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## A lab-wide queue", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_jupyterhub_config_loads_into_jupyterhub() -> None:
+    from jupyterhub.app import JupyterHub
+    from jupyterhub.spawner import Spawner
+
+    from jupyter_gpusched.server.auth import ADMIN_SCOPE
+
+    c = Config()
+    exec(_lab_wide_blocks()[0], {"c": c})  # noqa: S102 - our own README
+    hub = JupyterHub(config=c)
+    (service,) = hub.services
+    assert service["name"] == "gpusched" and service["command"][:3] == [
+        "jupyter",
+        "gpusched",
+        "service",
+    ]
+    assert ADMIN_SCOPE in hub.custom_scopes
+    roles = {r["name"]: r for r in hub.load_roles}
+    assert "access:services!service=gpusched" in roles["user"]["scopes"]
+    assert roles["gpusched-admin"]["scopes"] == [ADMIN_SCOPE]
+    scopes = Spawner(config=c).server_token_scopes
+    assert {"access:services!service=gpusched", "read:services!service=gpusched"} <= set(scopes)
+
+
+def test_the_readme_service_and_client_configs_load_into_the_traits() -> None:
+    service_block, client_block = _lab_wide_blocks()[1:3]
+    c = Config()
+    exec(service_block, {"c": c})  # noqa: S102 - our own README
+    app = GpuSchedApp(config=c)
+    assert app.store_url.startswith("postgresql+psycopg://")
+    assert [n["name"] for n in app.nodes] == ["gpu1"]
+    assert GpuSchedPolicy(config=c).to_policy_config().timezone == "Europe/Berlin"
+    c = Config()
+    exec(client_block, {"c": c})  # noqa: S102 - our own README
+    client = GpuSchedApp(config=c)
+    assert client.service_url == "http://gpu-head:10101/" and client.service_token.startswith(
+        "gsk_"
+    )

@@ -51,8 +51,11 @@ def lease_command(job: Job, python: str = "python3") -> list[str]:
 class _LeaseKernel:
     """One running lease's forwards: remote kernel ports -> fixed local ports."""
 
-    def __init__(self, job_id: int, attempt: int, node: str, remote: dict[str, Any]) -> None:
+    def __init__(
+        self, job_id: int, attempt: int, node: str, remote: dict[str, Any], ip: str
+    ) -> None:
         self.job_id = job_id
+        self.ip = ip  # where the forwards listen, and where clients connect
         self.attempt = attempt
         self.node = node
         self.remote = remote  # the node's connection file
@@ -65,7 +68,7 @@ class _LeaseKernel:
         """The connection info a local kernel client needs."""
         info = {
             "transport": "tcp",
-            "ip": "127.0.0.1",
+            "ip": self.ip,
             "key": self.remote.get("key", ""),
             "signature_scheme": self.remote.get("signature_scheme", "hmac-sha256"),
             **{k: self.local_ports[k] for k in PORT_KEYS},
@@ -98,12 +101,23 @@ class KernelBridge:
         An :class:`~jupyter_gpusched.cluster.ssh.SshBackend` (``run``, ``forward_local_port``).
     connect_timeout_s
         How long to wait for a freshly started kernel to write its connection file.
+    listen_ip
+        Where the forwarded ports listen (and clients connect): loopback, or an address the
+        users' servers on other hosts reach.
     """
 
-    def __init__(self, scheduler: Any, backend: Any, *, connect_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        backend: Any,
+        *,
+        connect_timeout_s: float = 30.0,
+        listen_ip: str = "127.0.0.1",
+    ) -> None:
         self.scheduler = scheduler
         self.backend = backend
         self.connect_timeout_s = connect_timeout_s
+        self.listen_ip = listen_ip
         self._kernels: dict[int, _LeaseKernel] = {}
         self._locks: dict[int, asyncio.Lock] = {}
 
@@ -168,7 +182,7 @@ class KernelBridge:
             why = (remote or {}).get("error") if isinstance(remote, dict) else None
             why = why or str(result.stderr or result.stdout).strip()[-500:]
             raise BackendError(f"lease {job.id}: the kernel on {node} did not start: {why}")
-        lk = _LeaseKernel(job.id, job.attempt, node, remote)
+        lk = _LeaseKernel(job.id, job.attempt, node, remote, self.listen_ip)
         await self._forward(lk)
         return lk
 
@@ -180,7 +194,11 @@ class KernelBridge:
         try:
             for key in PORT_KEYS:
                 forward = await self.backend.forward_local_port(
-                    lk.node, host, int(lk.remote[key]), local_port=lk.local_ports.get(key, 0)
+                    lk.node,
+                    host,
+                    int(lk.remote[key]),
+                    local_port=lk.local_ports.get(key, 0),
+                    listen_host=lk.ip,
                 )
                 forwards.append(forward)
                 lk.local_ports[key] = forward.local_port

@@ -234,16 +234,20 @@ class Placing:
         if limit_s is not None:
             handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
             handle["limit_s"] = limit_s
-        job = self.tracker.move(
-            job.id,
-            JobState.STARTING,
-            expect=JobState.QUEUED,
-            placement=placement,
-            started_at=now,
-            last_activity_at=now,
-            handle=handle,
-            reason=f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}",
-        )
+        try:
+            job = self.tracker.move(
+                job.id,
+                JobState.STARTING,
+                expect=JobState.QUEUED,
+                placement=placement,
+                started_at=now,
+                last_activity_at=now,
+                handle=handle,
+                reason=f"placed on {placement.node} GPU "
+                f"{','.join(map(str, placement.gpu_indices))}",
+            )
+        except ConflictError:
+            return  # cancelled or changed since this pass read the queue: the next pass sees it
         await self.launcher.launch(job)
 
     def _set_reason(self, job: Job, reason: str | None) -> None:

@@ -201,7 +201,10 @@ class JobTracker:
     async def stop(self, job: Job, why: str, reason: str) -> None:
         """Stop a running job (TERM, then KILL after the grace), recording why first."""
         handle = {**job.handle, "stopping": why, "stop_reason": reason}
-        job = self.store.update_job(job.id, handle=handle, event="stopping")
+        try:
+            job = self.store.update_job(job.id, handle=handle, event="stopping")
+        except ConflictError:
+            return  # it changed meanwhile (ended, cancelled): the next pass looks again
         with contextlib.suppress(GpuSchedError):
             await self.backend.cancel(job, grace_s=self.cancel_grace_s)
         await self.settle_stopped(job.id)

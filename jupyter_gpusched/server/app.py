@@ -93,7 +93,16 @@ class GpuSchedApp(ExtensionApp):
         service token USER'); under JupyterHub the server's own Hub token is used.""",
     ).tag(config=True)
     hub_service_name = Unicode(
-        "gpusched", help="Name of the JupyterHub service to use when service_url is not set."
+        "gpusched",
+        help="""Name of the JupyterHub service to forward to when service_url is not set;
+        '' = under a Hub too, run this server's own scheduler.""",
+    ).tag(config=True)
+    kernel_forward_ip = Unicode(
+        "127.0.0.1",
+        help="""Address where %%gpu lease kernels' forwarded ports listen, and that kernels'
+        clients connect to. Loopback suits one host; when users' servers run on other hosts
+        than the lab-wide service, set an address of the service's host they reach (the
+        traffic is CurveZMQ-encrypted and signed with a per-lease key).""",
     ).tag(config=True)
     leader_ttl_s = Float(
         6.0,
@@ -360,6 +369,10 @@ class GpuSchedApp(ExtensionApp):
         )
         for plugin in self._plugins():
             plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
+        if "leases" in self.plugins:
+            from jupyter_gpusched.leases.bridge import bridge_for
+
+            bridge_for(scheduler).listen_ip = self.kernel_forward_ip
         return scheduler
 
     async def _stop_sim(self) -> None:

@@ -67,7 +67,7 @@ def hub_service_link(name: str = "gpusched") -> ServiceLink | None:
     """
     api_url = os.environ.get("JUPYTERHUB_API_URL")
     token = os.environ.get("JUPYTERHUB_API_TOKEN")
-    if not api_url or not token:
+    if not name or not api_url or not token:
         return None
     import urllib.error
     import urllib.request

@@ -296,9 +296,15 @@ class NodePool:
                 raise BackendError(f"node {node}: download {remote} -> {local}: {exc}") from None
 
     async def forward_local_port(
-        self, node: str, remote_host: str, remote_port: int, *, local_port: int = 0
+        self,
+        node: str,
+        remote_host: str,
+        remote_port: int,
+        *,
+        local_port: int = 0,
+        listen_host: str = "127.0.0.1",
     ) -> Forward:
-        """Listen on 127.0.0.1:``local_port`` (0 = any) and forward to the node's side.
+        """Listen on ``listen_host``:``local_port`` (0 = any) and forward to the node's side.
 
         Forwards die with their connection; after a reconnect, forward again onto the same
         local ports.
@@ -307,11 +313,11 @@ class NodePool:
         conn = await self._connect(st)
         try:
             listener = await conn.forward_local_port(
-                "127.0.0.1", local_port, remote_host, remote_port
+                listen_host, local_port, remote_host, remote_port
             )
         except OSError as exc:
             raise BackendError(
-                f"node {node}: cannot listen on 127.0.0.1:{local_port}: {exc}"
+                f"node {node}: cannot listen on {listen_host}:{local_port}: {exc}"
             ) from None
         return Forward(node, listener, remote_host, remote_port)
 
