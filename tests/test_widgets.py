@@ -126,7 +126,7 @@ def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> 
         "g0 GPU 1 (A100-80GB)",
         "state: batch",
         "job 5 (script) by bob, 50% of the GPU",
-        "memory 40.0 / 80.0 GB",
+        "memory 40G / 80G",
         "utilization 90%",
     ]
     assert (g1["up"], g1["gpus"][0]["colour"]) == (False, COLOURS["down"])

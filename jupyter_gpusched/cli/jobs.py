@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from jupyter_gpusched.client.api import GpuSchedClient, find_server
 from jupyter_gpusched.core.errors import GpuSchedError
-from jupyter_gpusched.core.models import parse_duration_s, parse_size_gb
+from jupyter_gpusched.core.units import format_duration_s, parse_duration_s, parse_size_gb
 
 #: GPU state -> glyph in the ``nodes`` map; lower case when the GPU is only partly taken.
 GLYPHS = {"free": ".", "interactive": "I", "batch": "B", "foreign": "F", "down": "x"}
@@ -313,10 +313,7 @@ def _age(iso: str, now: datetime) -> str:
         seconds = max(0, int((now - datetime.fromisoformat(iso)).total_seconds()))
     except (TypeError, ValueError):
         return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    return format_duration_s(seconds, parts=1)
 
 
 def _clip(text: str, width: int) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpusched.core.errors import GpuSchedError
+from jupyter_gpusched.core.units import format_duration_s
 
 URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
 API = "gpusched/api/"
@@ -167,7 +168,9 @@ class GpuSchedClient:
             if job["state"] in ("succeeded", "failed", "cancelled"):
                 return job
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s}s")
+                raise TimeoutError(
+                    f"job {job_id} still {job['state']} after {format_duration_s(timeout_s)}"
+                )
             time.sleep(poll_s)
 
     # -- leases, cluster, policy ---------------------------------------------------------------

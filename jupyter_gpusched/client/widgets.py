@@ -22,6 +22,8 @@ from typing import Any
 import ipywidgets as widgets
 from traitlets import Bool, Dict, Int, List, Unicode, observe
 
+from jupyter_gpusched.core.units import format_size_gb
+
 log = logging.getLogger(__name__)
 
 #: GPU state -> colour; the JupyterLab panel uses the same.
@@ -47,7 +49,8 @@ def gpu_title(node: dict[str, Any], gpu: dict[str, Any]) -> str:
         share = job.get("share", 1.0)
         part = f", {share:.0%} of the GPU" if share < 1 else ""
         lines.append(f"job {job['id']} ({job.get('kind', '?')}) by {job.get('user', '?')}{part}")
-    lines.append(f"memory {gpu.get('mem_used_gb', 0):.1f} / {gpu.get('mem_total_gb', 0):.1f} GB")
+    used, total = (round(float(gpu.get(k) or 0), 1) for k in ("mem_used_gb", "mem_total_gb"))
+    lines.append(f"memory {format_size_gb(used)} / {format_size_gb(total)}")
     lines.append(f"utilization {gpu.get('util_pct', 0):.0f}%")
     if not node.get("up", True) and node.get("error"):
         lines.append(f"node down: {node['error']}")

@@ -80,35 +80,6 @@ def check_transition(from_state: JobState, to_state: JobState, job_id: int | Non
         raise IllegalTransitionError(job_id, from_state.value, to_state.value)
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|)\s*$", re.IGNORECASE)
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
-
-
-def parse_size_gb(text: str | float | int) -> float:
-    """Read ``16G``, ``16GB``, ``512M``, ``1.5T`` or a bare number of GB."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size; write it like 16G, 512M or 24")
-    value, unit = float(m.group(1)), m.group(2).lower()[:1]
-    return value * {"": 1.0, "k": 1 / 1024**2, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[unit]
-
-
-def parse_duration_s(text: str | float | int) -> float:
-    """Read ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` or a bare number of seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    stripped = text.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
-        return float(stripped)
-    parts = _DURATION_RE.findall(stripped)
-    if not parts or _DURATION_RE.sub("", stripped).strip():
-        raise ValueError(f"{text!r} is not a duration; write it like 90s, 15m, 2h or 1h30m")
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(float(v) * mult[u.lower()] for v, u in parts)
-
-
 class JobSpec(BaseModel):
     """What a user asks for. Validated on construction; see :func:`parse_spec`."""
 

@@ -33,6 +33,7 @@ from jupyter_gpusched.core.models import (
     JobState,
     PriorityClass,
 )
+from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
 from jupyter_gpusched.store.store import Store
@@ -239,14 +240,18 @@ class Scheduler(Placing):
             if deadline and now >= datetime.fromisoformat(deadline):
                 limit = job.handle.get("limit_s", 0)
                 stops.append(
-                    self.tracker.stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached")
+                    self.tracker.stop(
+                        job, "timeout", f"max runtime {format_duration_s(limit)} reached"
+                    )
                 )
             elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
                 job, active.window, now
             ):
                 idle = active.window.lease_idle_timeout_s or 0.0
                 stops.append(
-                    self.tracker.stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed")
+                    self.tracker.stop(
+                        job, "idle", f"lease idle for {format_duration_s(idle)}: reclaimed"
+                    )
                 )
         await asyncio.gather(*stops)
 
@@ -424,10 +429,3 @@ def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
         (n.name, n.up, tuple((g.index, round(g.mem_used_mb), len(g.processes)) for g in n.gpus))
         for n in nodes
     )
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
