@@ -34,6 +34,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from . import api
 from .units import format_duration_s
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -334,17 +335,18 @@ def window_rules(w: Window) -> list[str]:
     ]
 
 
-def window_dict(active: ActiveWindow) -> dict[str, object]:
-    """The window in force as JSON-ready data: name, rules, since, until, next."""
+def window_view(active: ActiveWindow) -> api.Window:
+    """The window in force as the API shows it: name, rules, since, until, next."""
     w = active.window
-    return {
-        "name": w.name,
-        "applies": describe_window(w),
-        "since": active.since.isoformat() if active.since else None,
-        "until": active.until.isoformat() if active.until else None,
-        "next_window": active.next_window_name,
+    return api.Window(
+        name=w.name,
+        applies=describe_window(w),
+        since=active.since,
+        until=active.until,
+        next_window=active.next_window_name,
+        rules=window_rules(w),
         **rule_values(w),
-    }
+    )
 
 
 def rule_values(w: Window) -> dict[str, Any]:
@@ -355,15 +357,15 @@ def rule_values(w: Window) -> dict[str, Any]:
 _WHEN_FIELDS = ("name", "days", "start", "end")
 
 
-def policy_view(config: PolicyConfig, now: datetime) -> dict[str, object]:
-    """The explanation as JSON-ready data (for the API and ``--json``)."""
-    return {
-        "at": _aware(now).isoformat(),
-        "timezone": config.timezone,
-        "local_time": _fmt_local(now, config.tz),
-        "window": window_dict(resolve_window(config, now)),
-        "explanation": explain(config, now),
-    }
+def policy_view(config: PolicyConfig, now: datetime) -> api.PolicyView:
+    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it."""
+    return api.PolicyView(
+        at=_aware(now),
+        timezone=config.timezone,
+        local_time=_fmt_local(now, config.tz),
+        window=window_view(resolve_window(config, now)),
+        explanation=explain(config, now),
+    )
 
 
 def explain(config: PolicyConfig, now: datetime) -> str:

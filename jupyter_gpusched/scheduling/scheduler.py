@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import policy, windows
+from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
@@ -41,7 +41,7 @@ from jupyter_gpusched.store.store import Store
 from .events import EventHub
 from .placing import Placing
 from .tracking import JobTracker
-from .views import ClusterSnapshot, cluster_view, job_view
+from .views import ClusterSnapshot, cluster_view
 
 log = logging.getLogger(__name__)
 
@@ -296,9 +296,9 @@ class Scheduler(Placing):
         """A page of jobs and the total matching the filters."""
         return self.store.list_jobs(**filters)
 
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job) -> api.JobView:
         """The API's JSON for a job, with its queue position."""
-        return job_view(job, self._positions.get(job.id))
+        return api.JobView.of(job, self._positions.get(job.id))
 
     def _check_owner(self, job: Job, user: str) -> None:
         if user != job.user and user not in self.admins:
@@ -394,18 +394,13 @@ class Scheduler(Placing):
             now=now,
         )
 
-    def cluster_view(self) -> dict[str, Any]:
-        """The API's cluster JSON: nodes, GPUs with state and owner, metrics, window."""
+    def cluster_view(self) -> api.Cluster:
+        """The API's cluster: nodes, GPUs with state and owner, metrics, window."""
         return cluster_view(self.snapshot())
 
-    def policy_view(self, at: datetime | None = None) -> dict[str, Any]:
+    def policy_view(self, at: datetime | None = None) -> api.PolicyView:
         """Which rules hold at ``at`` (default now), and why."""
-        when = at or self.clock.now()
-        active = windows.resolve_window(self.policy, when)
-        return {
-            "window": windows.window_dict(active),
-            "explanation": windows.explain(self.policy, when),
-        }
+        return windows.policy_view(self.policy, at or self.clock.now())
 
     async def notify(self) -> None:
         """Wake event subscribers now (e.g. after writing an event outside a tick)."""
@@ -418,7 +413,7 @@ class Scheduler(Placing):
 
     def subscribe(
         self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[api.EventMessage]:
         """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
         return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
 
