@@ -7,7 +7,8 @@ from importlib import resources
 
 from tornado.web import RequestHandler
 
-from jupyter_gpusched.server.openapi import PREFIX, REGENERATE, render
+from jupyter_gpusched.server.openapi import REGENERATE, render
+from jupyter_gpusched.server.routes import PREFIX
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
