@@ -11,8 +11,8 @@ SHARED_DATA ?= ../shared/data/openb
 # The JupyterLab extension's sources: editing one re-runs the install, whose build hook
 # (hatch-jupyter-builder: jlpm install + build) rebuilds the panel into the venv. The panel's
 # TypeScript types are generated from the OpenAPI file, so it counts as a source.
-LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*) \
-	jupyter_gpusched/server/openapi.yaml
+LAB_SOURCES := labextension/package.json jupyter_gpusched/server/openapi.yaml \
+	$(filter-out labextension/src/openapi.ts,$(wildcard labextension/src/*.ts labextension/style/*))
 
 $(STAMP): pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
