@@ -6,11 +6,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SHARED_DATA ?= ../shared/data/openb
 
-.PHONY: demo test lint system-deps bench clean
+.PHONY: demo test lint openapi system-deps bench clean
 
 # The JupyterLab extension's sources: editing one re-runs the install, whose build hook
-# (hatch-jupyter-builder: jlpm install + build) rebuilds the panel into the venv.
-LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*)
+# (hatch-jupyter-builder: jlpm install + build) rebuilds the panel into the venv. The panel's
+# TypeScript types are generated from the OpenAPI file, so it counts as a source.
+LAB_SOURCES := labextension/package.json jupyter_gpusched/server/openapi.yaml \
+	$(filter-out labextension/src/openapi.ts,$(wildcard labextension/src/*.ts labextension/style/*))
 
 $(STAMP): pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +35,10 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff format --check jupyter_gpusched tests bench
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest -p pytest_jupyter.jupyter_server tests/inproc
+
+## Regenerate the OpenAPI file from the API's pydantic models (a test fails while it is stale).
+openapi: $(STAMP)
+	$(PY) -m jupyter_gpusched.server.openapi > jupyter_gpusched/server/openapi.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpusched tests bench

@@ -94,7 +94,7 @@ def main() -> None:
             client = GpuSchedClient(url, TOKEN)
             seq = submit_rate(client, args.submits, 1)
             par = submit_rate(client, args.submits, args.threads)
-            total = client.list_jobs(limit=0)["total"]
+            total = client.list_jobs(limit=0).total
             print(
                 f"POST jobs: {seq:.0f} submissions/s (1 client), {par:.0f}/s "
                 f"({args.threads} clients); {total} jobs stored, "

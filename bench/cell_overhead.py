@@ -49,9 +49,9 @@ def connect_direct(url: str) -> object:
 
     client = GpuSchedClient(url, TOKEN)
     (lease,) = client.leases()
-    answer = client._json("GET", f"leases/{lease['id']}/kernel")
+    answer = client.lease_kernel(lease.id)
     kc = BlockingKernelClient()
-    kc.load_connection_info(answer["connection"])
+    kc.load_connection_info(answer.connection.model_dump())
     kc.start_channels()
     kc.wait_for_ready(timeout=30)
     return kc

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpusched.client.api import GpuSchedClient
+from jupyter_gpusched.core.api import JobView
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
-def wait_state(client: GpuSchedClient, job_id: int, *states: str, timeout_s: float = 30) -> dict:
+def wait_state(client: GpuSchedClient, job_id: int, *states: str, timeout_s: float = 30) -> JobView:
     deadline = time.monotonic() + timeout_s
-    while (job := client.get_job(job_id))["state"] not in states:
-        assert time.monotonic() < deadline, f"job {job_id} stayed {job['state']}"
+    while (job := client.get_job(job_id)).state not in states:
+        assert time.monotonic() < deadline, f"job {job_id} stayed {job.state}"
         time.sleep(0.05)
     return job
 
@@ -43,22 +44,22 @@ def test_restart_keeps_queued_jobs_and_reattaches_running_ones(
         client = GpuSchedClient(first.url, first.token)
         running = client.submit(kind="script", command=waiter, gpus=2)
         queued = client.submit(kind="script", command=["true"], not_before=FAR_FUTURE)
-        before = wait_state(client, running["id"], "running")
+        before = wait_state(client, running.id, "running")
     finally:
         first.stop(sig=stop_signal)
 
     second = ServerProcess(tmp_path, sim_dir=sim_dir).start()
     try:
         client = GpuSchedClient(second.url, second.token)
-        assert client.get_job(queued["id"])["state"] == "queued"
-        again = client.get_job(running["id"])
-        assert again["state"] == "running"
-        assert again["placement"] == before["placement"]
-        assert client.list_jobs()["total"] == 2
+        assert client.get_job(queued.id).state == "queued"
+        again = client.get_job(running.id)
+        assert again.state == "running"
+        assert again.placement == before.placement
+        assert client.list_jobs().total == 2
 
         go.touch()
-        done = wait_state(client, running["id"], "succeeded", "failed")
-        assert (done["state"], done["exit_code"]) == ("failed", 7)
-        assert client.read_log(running["id"])[0] == b"done\n"
+        done = wait_state(client, running.id, "succeeded", "failed")
+        assert (done.state, done.exit_code) == ("failed", 7)
+        assert client.read_log(running.id)[0] == b"done\n"
     finally:
         second.stop()

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from jupyter_gpusched.cli import app as cli
-from jupyter_gpusched.cli.jobs import format_cluster
+from jupyter_gpusched.cli.formats import format_cluster
 from jupyter_gpusched.client.api import ApiError, GpuSchedClient, find_server
+from jupyter_gpusched.core.api import Cluster, EventMessage, JobView
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
@@ -44,9 +45,9 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def wait_state(client: GpuSchedClient, job_id: int, *states: str) -> dict:
+def wait_state(client: GpuSchedClient, job_id: int, *states: str) -> JobView:
     deadline = time.monotonic() + 30
-    while (job := client.get_job(job_id))["state"] not in states:
+    while (job := client.get_job(job_id)).state not in states:
         assert time.monotonic() < deadline, job
         time.sleep(0.05)
     return job
@@ -93,8 +94,9 @@ def test_submit_queue_logs_and_cancel_through_the_discovered_server(
     ran = out.split()[2]
     client = GpuSchedClient(discovered.url, discovered.token)
     job = wait_state(client, int(ran), "succeeded")
-    assert job["spec"]["gpus"] == 2 and job["spec"]["gpu_mem_gb"] == 16
-    assert job["spec"]["command"][1:] == ["-c", "print('hi from job')"]
+    assert job.spec.gpus == 2 and job.spec.gpu_mem_gb == 16
+    assert job.spec.command is not None
+    assert job.spec.command[1:] == ["-c", "print('hi from job')"]
 
     assert run(capsys, "logs", ran) == (0, "hi from job\n", "")
     assert run(capsys, "logs", ran, "-f") == (0, "hi from job\n", "")
@@ -120,14 +122,14 @@ def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
 ) -> None:
     client = GpuSchedClient(discovered.url, discovered.token)
     job = client.submit(kind="script", command=["sleep", "30"], gpus=2, gpu_models=["T4"])
-    wait_state(client, job["id"], "running")
+    wait_state(client, job.id, "running")
     code, out, _ = run(capsys, "nodes")
     lines = out.splitlines()
     assert code == 0
     assert lines[0].split() == ["g0", "A100-80GB", "[....]", "4/4", "free", "up"]
     assert lines[1].split() == ["g1", "T4", "[BB]", "0/2", "free", "up"]
     assert "legend" in lines[2] and "1 running" in lines[3]
-    client.cancel(job["id"])
+    client.cancel(job.id)
 
 
 def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
@@ -136,29 +138,56 @@ def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
             "index": 0,
             "uuid": "u",
             "model": "T4",
+            "mem_total_gb": 16.0,
+            "mem_used_gb": 0.0,
+            "util_pct": 0.0,
             "state": state,
             "share_used": share,
+            "nvlink_peers": [],
             "jobs": [],
         }
 
-    cluster = {
-        "nodes": [
-            {
-                "name": "n0",
-                "up": True,
-                "gpus": [gpu("interactive", 0.5), gpu("batch", 1.0), gpu("foreign"), gpu("free")],
+    def node(name: str, up: bool, gpus: list[dict], error: str | None = None) -> dict:
+        return {"name": name, "up": up, "error": error, "cpus": 8, "mem_gb": 64, "gpus": gpus}
+
+    cluster = Cluster.model_validate(
+        {
+            "nodes": [
+                node(
+                    "n0",
+                    True,
+                    [gpu("interactive", 0.5), gpu("batch", 1.0), gpu("foreign"), gpu("free")],
+                ),
+                node("n1", False, [gpu("down")], "unreachable"),
+            ],
+            "metrics": {
+                "allocated_share": 0.5,
+                "unallocated_share": 0.5,
+                "free_nodes_by_size": {},
+                "gpus_free": 1,
+                "gpus_total": 5,
+                "largest_placeable_gpus": 1,
+                "frag_ratio": 0.25,
             },
-            {"name": "n1", "up": False, "error": "unreachable", "gpus": [gpu("down")]},
-        ],
-        "metrics": {
-            "gpus_free": 1,
-            "gpus_total": 5,
-            "largest_placeable_gpus": 1,
-            "frag_ratio": 0.25,
-        },
-        "queue": {"queued": 3, "running": 2},
-        "window": {"name": "day", "until": "20:00", "next": "night"},
-    }
+            "queue": {"queued": 3, "running": 2},
+            "window": {
+                "name": "day",
+                "applies": "Mon-Fri 08:00-20:00",
+                "since": "2026-11-23T08:00:00+00:00",
+                "until": "2026-11-23T20:00:00+00:00",
+                "next_window": "night",
+                "interactive_reserved_share": 0.25,
+                "interactive_max_share": 0.75,
+                "batch_max_runtime_s": 14400,
+                "lease_idle_timeout_s": 1800,
+                "preempt_batch": True,
+                "migrate_batch": False,
+                "interactive_first": True,
+                "rules": [],
+            },
+            "at": "2026-11-23T10:00:00+00:00",
+        }
+    )
     lines = format_cluster(cluster).splitlines()
     assert lines[0].split() == ["n0", "T4", "[iBF.]", "1/4", "free", "up"]
     assert lines[1].split() == ["n1", "T4", "[x]", "0/1", "free", "DOWN", "unreachable"]
@@ -166,19 +195,21 @@ def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
         "gpus: 1/5 free, largest placeable job 1 GPUs, fragmentation 0.25; "
         "queue: 3 queued, 2 running"
     )
-    assert lines[4] == "window: day until 20:00, then night"
+    assert lines[4] == "window: day until Mon 20:00 UTC, then night"
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["submit", "--gpus", "2"], "give the command to run after --"),
-        (["submit", "--gpus", "two", "--", "x"], "invalid int value"),
+        (["submit", "--gpus", "two", "--", "x"], "argument --gpus: 'two' is not a whole number"),
         (["submit", "--mem", "lots", "--", "x"], "write it like 16G"),
         (["submit", "--at", "2026-11-23T22:00", "--", "x"], "needs a timezone"),
         (["submit", "--env", "NOVALUE", "--", "x"], "NAME=VALUE"),
         (["logs"], "required"),
-        (["cancel", "x"], "invalid int value"),
+        (["cancel", "x"], "'x' is not a whole number"),
+        (["queue", "extra"], "unrecognized arguments: extra"),
+        (["frobnicate"], "unknown command 'frobnicate'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_before_any_server_is_asked(
@@ -220,32 +251,71 @@ def test_environment_names_the_server_before_discovery(
 def test_client_covers_every_route(discovered: Any) -> None:
     client = GpuSchedClient.discover()
     job = client.submit({"kind": "script", "command": ["true"]}, not_before=FAR_FUTURE)
-    mine = client.list_jobs(state=["queued"], user="me")["jobs"]
-    assert [j["id"] for j in mine] == [job["id"]]
-    assert client.update(job["id"], held=True, priority="interactive")["held"] is True
+    mine = client.list_jobs(state=["queued"], user="me").jobs
+    assert [j.id for j in mine] == [job.id]
+    changed = client.update(job.id, held=True, priority="interactive")
+    assert changed.held is True and changed.priority_class == "interactive"
     assert client.leases() == [] and client.leases(user="me") == []
-    assert client.cluster()["metrics"]["gpus_total"] == 6
-    assert client.policy(at="2026-11-24T03:00:00+00:00")["explanation"]
-    assert client.cancel(job["id"])["state"] == "cancelled"
+    assert client.cluster().metrics.gpus_total == 6
+    assert client.policy(at="2026-11-24T03:00:00+00:00").window.name == "night"
+    assert client.cancel(job.id).state == "cancelled"
     with pytest.raises(ApiError) as err:
-        client.release(job["id"])
+        client.release(job.id)
     assert (err.value.status, err.value.error) == (404, "NotFoundError")
 
     done = client.submit(kind="script", command=[sys.executable, "-c", "print('x' * 3)"])
-    assert client.wait(done["id"], timeout_s=30)["state"] == "succeeded"
-    assert client.read_log(done["id"], offset=1) == (b"xx\n", 4)
-    assert b"".join(client.follow_log(done["id"])) == b"xxx\n"
+    assert client.wait(done.id, timeout_s=30).state == "succeeded"
+    assert client.read_log(done.id, offset=1) == (b"xx\n", 4)
+    assert b"".join(client.follow_log(done.id)) == b"xxx\n"
 
-    async def events_of_job() -> list[dict]:
+    async def events_of_job() -> list[EventMessage]:
         seen = []
         async for event in client.events(after=0):
-            if event["job_id"] == job["id"]:
+            if event.job_id == job.id:
                 seen.append(event)
-            if event.get("to_state") == "cancelled" and event["job_id"] == job["id"]:
+            if event.to_state == "cancelled" and event.job_id == job.id:
                 return seen
         raise AssertionError("the events websocket closed")
 
     events = asyncio.run(asyncio.wait_for(events_of_job(), 30))
-    assert events[0]["kind"] == "submitted" and events[0]["job"]["id"] == job["id"]
+    assert events[0].kind == "submitted" and events[0].job and events[0].job.id == job.id
     assert sockets_to(discovered.port) == [], "the events websocket outlived its loop"
-    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
+    assert [e.id for e in events] == sorted(e.id or 0 for e in events)
+
+
+def test_the_command_imports_no_server_side_package_and_takes_trait_options(
+    discovered: Any,
+) -> None:
+    import json
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from jupyter_gpusched.cli.app import main\n"
+        "code = main(['queue', '--QueueApp.limit=1', '--json'])\n"
+        "heavy = {'jupyter_server', 'tornado', 'sqlalchemy', 'IPython', 'asyncssh', 'numpy'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}), code, file=sys.stderr)\n"
+    )
+    env = {**discovered.env, "GPUSCHED_URL": discovered.url, "GPUSCHED_TOKEN": discovered.token}
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert ran.stderr.strip() == "[] 0"
+    assert json.loads(ran.stdout)["limit"] == 1
+
+
+def test_a_config_file_sets_a_commands_options(
+    discovered: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "jupyter_gpusched_config.py").write_text(
+        "c.QueueApp.limit = 1\nc.QueueApp.all = True\n"
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
+    client = GpuSchedClient(discovered.url, discovered.token)
+    for _ in range(2):
+        client.cancel(client.submit(kind="script", command=["true"], not_before=FAR_FUTURE).id)
+    code, out, _ = run(capsys, "queue")
+    assert code == 0 and out.splitlines()[-1].startswith("... ") and len(out.splitlines()) == 3

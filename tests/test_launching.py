@@ -171,7 +171,7 @@ async def test_a_launch_the_node_refuses_backs_off_then_fails_with_the_nodes_wor
         refused = sched.get_job(job.id)
         assert refused.state is JobState.QUEUED
         assert f"could not start on t4-0 (try {attempt} of 3)" in str(refused.reason)
-        assert f"trying again in {5 * 2 ** (attempt - 1)} s" in str(refused.reason)
+        assert f"trying again in {5 * 2 ** (attempt - 1)}s" in str(refused.reason)
         await sched.tick()  # within the pause: not tried again
         assert sched.get_job(job.id).handle["launch_failures"] == attempt
         clock.advance(60)

@@ -17,7 +17,8 @@ from typing import Any
 import nbformat
 import pytest
 
-from jupyter_gpusched.client.magics import _waiting_line, discover
+from jupyter_gpusched.client.leases import discover, waiting_line
+from jupyter_gpusched.core.api import JobView, Window
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
@@ -55,7 +56,7 @@ CELLS = {
     "reclaim": (
         "from jupyter_gpusched.client.api import GpuSchedClient\n"
         "client = GpuSchedClient.discover()\n"
-        "for held in client.leases():\n    client.release(held['id'])"
+        "for held in client.leases():\n    client.release(held.id)"
     ),
     "after_reclaim": "%%gpu\nprint('fresh kernel:', 'x' not in globals())",
     "bad_arg": "%%gpu --gpus many\nprint('never')",
@@ -64,13 +65,13 @@ CELLS = {
     # every free A100 is taken by a batch job that ends 1.5 s later: the next lease waits
     "block": (
         "import sys, threading, time\n"
-        "free = [g for n in client.cluster()['nodes'] for g in n['gpus']\n"
-        "        if g['model'].startswith('A100') and g['state'] == 'free']\n"
+        "free = [g for n in client.cluster().nodes for g in n.gpus\n"
+        "        if g.model.startswith('A100') and g.state == 'free']\n"
         "blocker = client.submit(kind='script', gpus=len(free), gpu_models=['A100'],\n"
         "                        command=[sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "while client.get_job(blocker['id'])['state'] != 'running':\n"
+        "while client.get_job(blocker.id).state != 'running':\n"
         "    time.sleep(0.05)\n"
-        "threading.Timer(1.5, client.cancel, [blocker['id']]).start()"
+        "threading.Timer(1.5, client.cancel, [blocker.id]).start()"
     ),
     "waiter": "%%gpu --model A100 --lease waiter\nprint('got an A100')",
     "submit": "%gpu submit job.py --gpus 1 -- --greeting hi",
@@ -206,24 +207,23 @@ def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(cells: dict[
 @pytest.mark.parametrize(
     ("key", "line"),
     [
-        ("bad_arg", "%gpu: argument --gpus: 'many' is not a whole number (see %%gpu --help)"),
+        ("bad_arg", "argument --gpus: 'many' is not a whole number (see %%gpu --help)"),
         (
             "bad_command",
-            "%gpu: unknown command 'frobnicate'; use one of release, status, "
+            "unknown command 'frobnicate'; use one of release, status, "
             "queue, submit, submit-notebook, cancel, logs, leases, config",
         ),
     ],
 )
 def test_argument_errors_are_one_line(cells: dict[str, Any], key: str, line: str) -> None:
-    (error,) = outputs(cells[key], "error")
-    assert error["traceback"] == [line]
-    assert text(cells[key]) == ""
+    assert outputs(cells[key], "error") == []  # no traceback
+    assert text(cells[key]) == f"UsageError: {line}\n"
 
 
 def test_a_request_that_can_never_fit_fails_at_once_saying_why(cells: dict[str, Any]) -> None:
-    (error,) = outputs(cells["infeasible"], "error")
-    assert len(error["traceback"]) == 1
-    assert error["traceback"][0].startswith("%gpu: this job can never fit")
+    assert outputs(cells["infeasible"], "error") == []
+    said = text(cells["infeasible"])
+    assert said.startswith("UsageError: this job can never fit") and said.count("\n") == 1
 
 
 def test_submit_runs_the_script_in_the_notebook_directory(
@@ -291,15 +291,36 @@ def test_a_waiting_lease_shows_one_line_updated_until_it_runs(
 
 
 def test_the_waiting_line_says_position_reason_and_window() -> None:
-    job = {
-        "id": 9,
-        "state": "queued",
-        "position": 2,
-        "spec": {"gpus": 2},
-        "reason": "waiting: no room (no node has 2 free GPUs)",
-    }
-    window = {"name": "day", "until": "2026-11-23T20:00:00+00:00"}
-    assert _waiting_line(job, window) == (
+    job = JobView.model_validate(
+        {
+            "id": 9,
+            "state": "queued",
+            "position": 2,
+            "user": "alice",
+            "priority_class": "interactive",
+            "submitted_at": "2026-11-23T10:00:00+00:00",
+            "spec": {"kind": "lease", "gpus": 2, "user": "alice"},
+            "reason": "waiting: no room (no node has 2 free GPUs)",
+        }
+    )
+    window = Window.model_validate(
+        {
+            "name": "day",
+            "applies": "Mon-Fri 08:00-20:00",
+            "since": None,
+            "until": "2026-11-23T20:00:00+00:00",
+            "next_window": "night",
+            "interactive_reserved_share": 0.25,
+            "interactive_max_share": 0.75,
+            "batch_max_runtime_s": None,
+            "lease_idle_timeout_s": None,
+            "preempt_batch": False,
+            "migrate_batch": False,
+            "interactive_first": True,
+            "rules": [],
+        }
+    )
+    assert waiting_line(job, window) == (
         "%%gpu: waiting for lease 9 (2 GPU) | #2 in the queue | waiting: no room (no node "
         "has 2 free GPUs) | window day until 2026-11-23T20:00:00+00:00"
     )
@@ -348,30 +369,27 @@ def shell() -> Any:
     [
         (
             "%%gpu --gpus -3\nprint(1)",
-            "%gpu: argument --gpus: must be 0 or more, got -3 (see %%gpu --help)",
+            "argument --gpus: must be 0 or more, got -3 (see %%gpu --help)",
         ),
         (
             "%%gpu --mem lots\nprint(1)",
-            "%gpu: argument --mem: 'lots' is not a size; write it "
+            "argument --mem: 'lots' is not a size; write it "
             "like 16G, 512M or 24 (see %%gpu --help)",
         ),
         (
             "%%gpu --max-runtime soon\nprint(1)",
-            "%gpu: argument --max-runtime: 'soon' is not a "
+            "argument --max-runtime: 'soon' is not a "
             "duration; write it like 90s, 15m, 2h or 1h30m "
             "(see %%gpu --help)",
         ),
         (
             "%%gpu --lease\nprint(1)",
-            "%gpu: argument --lease: expected one argument (see %%gpu --help)",
+            "argument --lease: expected one argument (see %%gpu --help)",
         ),
-        ("%gpu submit", "%gpu: give the script to run, e.g. %gpu submit train.py --gpus 1"),
-        ("%gpu submit missing.py", "%gpu: no file 'missing.py' in {cwd}"),
-        (
-            "%gpu cancel one",
-            "%gpu: argument ID: 'one' is not a whole number (see %gpu cancel --help)",
-        ),
-        ("%gpu logs 'unclosed", "%gpu: cannot read the arguments: No closing quotation"),
+        ("%gpu submit", "give the script to run, e.g. %gpu submit train.py --gpus 1"),
+        ("%gpu submit missing.py", "no file 'missing.py' in {cwd}"),
+        ("%gpu cancel one", "argument ID: 'one' is not a whole number (see %gpu cancel --help)"),
+        ("%gpu logs 'unclosed", "cannot read the arguments: No closing quotation"),
     ],
 )
 def test_bad_arguments_print_one_line_in_the_ipython_shell(
@@ -382,8 +400,8 @@ def test_bad_arguments_print_one_line_in_the_ipython_shell(
     with capture_output() as captured:
         result = shell.run_cell(cell)
     assert not result.success
-    assert captured.stdout == line.format(cwd=os.getcwd()) + "\n"
-    assert captured.stderr == ""
+    assert captured.stdout == ""
+    assert captured.stderr == f"UsageError: {line.format(cwd=os.getcwd())}\n"
 
 
 def test_importing_the_server_extension_does_not_import_ipython() -> None:

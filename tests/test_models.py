@@ -12,8 +12,6 @@ from jupyter_gpusched.core.models import (
     JobState,
     PriorityClass,
     check_transition,
-    parse_duration_s,
-    parse_size_gb,
     parse_spec,
 )
 
@@ -77,24 +75,3 @@ def test_terminal_states_and_requeue_paths() -> None:
     assert TERMINAL_STATES == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
     assert JobState.QUEUED in TRANSITIONS[JobState.PREEMPTED]
     assert JobState.QUEUED in TRANSITIONS[JobState.LOST]
-
-
-@pytest.mark.parametrize(
-    ("text", "gb"), [("16G", 16), ("16GB", 16), ("512M", 0.5), ("1T", 1024), ("24", 24), (8, 8)]
-)
-def test_sizes(text: str, gb: float) -> None:
-    assert parse_size_gb(text) == gb
-
-
-@pytest.mark.parametrize(
-    ("text", "s"),
-    [("90s", 90), ("15m", 900), ("2h", 7200), ("1h30m", 5400), ("1d", 86400), ("45", 45)],
-)
-def test_durations(text: str, s: float) -> None:
-    assert parse_duration_s(text) == s
-
-
-@pytest.mark.parametrize("bad", ["2x", "h", "1h foo", ""])
-def test_bad_durations_say_how_to_write_one(bad: str) -> None:
-    with pytest.raises(ValueError, match="write it like"):
-        parse_duration_s(bad)

@@ -68,7 +68,7 @@ def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> 
     assert proc.returncode == 124, log
     nb = read_notebook(tmp_path / "out.ipynb")
     assert outputs_text(nb.cells[1]) == "started\n"
-    assert "time limit of 4 s" in nb.metadata["gpusched"]["error"]["evalue"]
+    assert "time limit of 4s" in nb.metadata["gpusched"]["error"]["evalue"]
     assert nb.metadata["gpusched"]["exit_code"] == 124
 
 

@@ -139,7 +139,7 @@ async def test_a_failing_notebook_comes_back_with_the_failing_cell_and_its_trace
     assert slow_done.state is JobState.FAILED
     slow_nb = read_notebook(output_path(nb_harness, slow_done))
     assert slow_nb.metadata["gpusched"]["error"]["ename"] == "CellTimeoutError"
-    assert "cell timed out after 2 s" in slow_nb.cells[1].source  # the banner above it
+    assert "cell timed out after 2s" in slow_nb.cells[1].source  # the banner above it
     assert "KeyboardInterrupt" in outputs_text(slow_nb.cells[2])  # nbclient interrupted it
 
 

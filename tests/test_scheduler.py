@@ -234,8 +234,8 @@ async def test_foreign_gpu_use_is_avoided(harness: Harness) -> None:
     waiting = harness.job(job.id)
     assert waiting.state is JobState.QUEUED and "no room" in (waiting.reason or "")
     view = harness.sched.cluster_view()
-    v100 = next(n for n in view["nodes"] if n["name"] == "v100-0")
-    assert [g["state"] for g in v100["gpus"]] == ["foreign"] * 4
+    v100 = next(n for n in view.nodes if n.name == "v100-0")
+    assert [g.state for g in v100.gpus] == ["foreign"] * 4
     harness.sim.clear_foreign("v100-0")
     await harness.sched.refresh_inventory()
     await harness.settle(job.id)
@@ -479,10 +479,11 @@ async def test_subscribers_get_stored_events_then_live_ones_and_cluster_views(
 
     async def collect() -> None:
         async for message in stream:
-            kinds.append((message["kind"], message["job_id"]))
-            if message["kind"] == "cluster":
-                assert {n["name"] for n in message["cluster"]["nodes"]} >= {"a100-0", "t4-0"}
-            if message.get("to_state") == "succeeded":
+            kinds.append((message.kind, message.job_id))
+            if message.kind == "cluster":
+                assert message.cluster is not None
+                assert {n.name for n in message.cluster.nodes} >= {"a100-0", "t4-0"}
+            if message.to_state == "succeeded":
                 return
 
     await asyncio.gather(collect(), harness.settle(second.id))

@@ -5,46 +5,73 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from jupyter_gpusched.client.api import GpuSchedClient
 from jupyter_gpusched.client.widgets import COLOURS, ClusterMap
+from jupyter_gpusched.core.api import Cluster, EventMessage, JobView
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api  # noqa: E402
 
-CLUSTER = {
+AT = datetime(2026, 11, 23, 10, tzinfo=UTC)
+CLUSTER_JSON: dict[str, Any] = {
     "nodes": [
         {
             "name": "g0",
             "up": True,
             "error": None,
+            "cpus": 32,
+            "mem_gb": 256,
             "gpus": [
                 {
                     "index": 0,
                     "model": "A100-80GB",
+                    "uuid": "GPU-a",
+                    "nvlink_peers": [],
                     "state": "interactive",
                     "mem_total_gb": 80.0,
                     "mem_used_gb": 20.0,
                     "util_pct": 55.0,
                     "share_used": 1.0,
-                    "jobs": [{"id": 4, "user": "alice", "kind": "lease", "share": 1.0}],
+                    "jobs": [
+                        {
+                            "id": 4,
+                            "user": "alice",
+                            "kind": "lease",
+                            "priority_class": "interactive",
+                            "share": 1.0,
+                        }
+                    ],
                 },
                 {
                     "index": 1,
                     "model": "A100-80GB",
+                    "uuid": "GPU-a",
+                    "nvlink_peers": [],
                     "state": "batch",
                     "mem_total_gb": 80.0,
                     "mem_used_gb": 40.0,
                     "util_pct": 90.0,
                     "share_used": 0.5,
-                    "jobs": [{"id": 5, "user": "bob", "kind": "script", "share": 0.5}],
+                    "jobs": [
+                        {
+                            "id": 5,
+                            "user": "bob",
+                            "kind": "script",
+                            "priority_class": "batch",
+                            "share": 0.5,
+                        }
+                    ],
                 },
                 {
                     "index": 2,
                     "model": "A100-80GB",
+                    "uuid": "GPU-a",
+                    "nvlink_peers": [],
                     "state": "free",
                     "mem_total_gb": 80.0,
                     "mem_used_gb": 0.0,
@@ -55,6 +82,8 @@ CLUSTER = {
                 {
                     "index": 3,
                     "model": "A100-80GB",
+                    "uuid": "GPU-a",
+                    "nvlink_peers": [],
                     "state": "foreign",
                     "mem_total_gb": 80.0,
                     "mem_used_gb": 8.0,
@@ -68,10 +97,14 @@ CLUSTER = {
             "name": "g1",
             "up": False,
             "error": "connection refused",
+            "cpus": 8,
+            "mem_gb": 64,
             "gpus": [
                 {
                     "index": 0,
                     "model": "T4",
+                    "uuid": "GPU-t",
+                    "nvlink_peers": [],
                     "state": "down",
                     "mem_total_gb": 16.0,
                     "mem_used_gb": 0.0,
@@ -93,25 +126,42 @@ CLUSTER = {
     },
     "window": {
         "name": "day",
+        "applies": "Mon-Fri 08:00-20:00",
         "since": "2026-11-23T08:00:00+00:00",
         "until": "2026-11-23T20:00:00+00:00",
-        "next": "night",
-        "rules": {"interactive_max_share": 0.75},
+        "next_window": "night",
+        "interactive_reserved_share": 0.25,
+        "interactive_max_share": 0.75,
+        "batch_max_runtime_s": 14400,
+        "lease_idle_timeout_s": 1800,
+        "preempt_batch": True,
+        "migrate_batch": False,
+        "interactive_first": True,
+        "rules": ["interactive leases: 25% of GPUs reserved, at most 75% of GPUs"],
     },
     "queue": {"queued": 0, "running": 2},
+    "at": "2026-11-23T10:00:00+00:00",
 }
+CLUSTER = Cluster.model_validate(CLUSTER_JSON)
 
 
-def _job(job_id: int, state: str, position: int | None = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "state": state,
-        "user": "alice",
-        "position": position,
-        "reason": "waiting: no room" if state == "queued" else None,
-        "placement": None,
-        "spec": {"kind": "script", "gpus": 1, "command": ["python", "x.py"], **spec},
-    }
+def _job(job_id: int, state: str, position: int | None = None) -> JobView:
+    return JobView.model_validate(
+        {
+            "id": job_id,
+            "state": state,
+            "user": "alice",
+            "position": position,
+            "priority_class": "batch",
+            "submitted_at": "2026-11-23T10:00:00+00:00",
+            "reason": "waiting: no room" if state == "queued" else None,
+            "spec": {"kind": "script", "gpus": 1, "command": ["python", "x.py"], "user": "alice"},
+        }
+    )
+
+
+def _event(event_id: int, kind: str, **fields: Any) -> EventMessage:
+    return EventMessage(id=event_id, at=AT, kind=kind, job_id=None, **fields)
 
 
 def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> None:
@@ -126,13 +176,13 @@ def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> 
         "g0 GPU 1 (A100-80GB)",
         "state: batch",
         "job 5 (script) by bob, 50% of the GPU",
-        "memory 40.0 / 80.0 GB",
+        "memory 40G / 80G",
         "utilization 90%",
     ]
     assert (g1["up"], g1["gpus"][0]["colour"]) == (False, COLOURS["down"])
     assert "node down: connection refused" in g1["gpus"][0]["title"]
     assert state["metrics"]["largest_placeable_gpus"] == 1
-    assert state["window"]["next"] == "night"
+    assert state["window"]["next_window"] == "night"
 
 
 def test_the_rendered_view_shows_figures_window_and_hover_details() -> None:
@@ -143,23 +193,24 @@ def test_the_rendered_view_shows_figures_window_and_hover_details() -> None:
     assert "title='g0 GPU 0 (A100-80GB)\nstate: interactive\njob 4 (lease) by alice" in text
     assert "largest placeable job <b>1</b> GPUs" in text and "fragmentation <b>25%</b>" in text
     assert "1×8 GPUs" in text
-    assert "window <b>day</b> until 2026-11-23T20:00:00+00:00, then <b>night</b>" in text
+    assert "window <b>day</b> until 2026-11-23T20:00:00Z, then <b>night</b>" in text
+    assert "25% of GPUs reserved" in text
 
 
 def test_job_events_keep_the_queue_in_order_and_say_when_the_map_changed() -> None:
     w = ClusterMap()
     w.apply_jobs([_job(1, "running"), _job(2, "queued", 2), _job(3, "succeeded")])
     assert [j["id"] for j in w.get_state()["queue"]] == [2, 1]
-    assert w.apply_event({"id": 10, "kind": "submitted", "job": _job(4, "queued", 1)}) is False
+    assert w.apply_event(_event(10, "submitted", job=_job(4, "queued", 1))) is False
     assert [(j["id"], j["position"]) for j in w.get_state()["queue"]] == [(4, 1), (2, 2), (1, None)]
-    assert w.apply_event({"id": 11, "kind": "state", "job": _job(1, "succeeded")}) is True
+    assert w.apply_event(_event(11, "state", job=_job(1, "succeeded"))) is True
     assert [j["id"] for j in w.get_state()["queue"]] == [4, 2]
     assert w.get_state()["last_event_id"] == 11
 
 
 def test_a_cluster_event_replaces_the_map_at_once() -> None:
     w = ClusterMap()
-    assert w.apply_event({"id": 3, "kind": "cluster", "detail": {"cluster": CLUSTER}}) is False
+    assert w.apply_event(_event(3, "cluster", cluster=CLUSTER)) is False
     assert len(w.get_state()["nodes"]) == 2 and w.get_state()["last_event_id"] == 3
 
 

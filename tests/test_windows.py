@@ -160,4 +160,4 @@ def test_explain_names_window_reason_rules_and_next_change() -> None:
 def test_explain_at_the_weekend_says_why_day_does_not_apply() -> None:
     text = explain(PolicyConfig(), utc(2026, 11, 21, 9))
     assert "why: Sat 09:00 is outside 'day' (Mon-Fri 08:00-20:00)" in text
-    assert "next change: 'day' from Mon 2026-11-23 08:00 UTC (in 1d 23h)" in text
+    assert "next change: 'day' from Mon 2026-11-23 08:00 UTC (in 1d23h)" in text

@@ -42,7 +42,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, Field
 from sqlalchemy import (
     delete,
     func,
@@ -52,6 +51,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jupyter_gpusched.core.api import Definition, DefinitionRun
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ForbiddenError,
@@ -70,35 +70,6 @@ log = logging.getLogger(__name__)
 CATCH_UP = ("skip", "once")
 #: Most missed firings counted when catching up (an every-minute job down for a week is 10k).
 _MAX_MISSED = 100_000
-
-
-class DefinitionRun(BaseModel):
-    """A firing: when it was due, when it fired, which job it made."""
-
-    fire_at: datetime
-    fired_at: datetime
-    job_id: int
-    caught_up: bool = False
-
-
-class Definition(BaseModel):
-    """A recurring job as the API shows it."""
-
-    id: int
-    name: str | None = None
-    user: str
-    schedule: str = Field(description="cron expression, e.g. '0 2 * * *', or @daily/@hourly")
-    timezone: str = Field(description="IANA timezone the schedule is read in")
-    catch_up: str = Field(description="after downtime: 'skip' missed firings or run 'once'")
-    paused: bool = False
-    spec: JobSpec
-    next_fire_at: datetime | None = None
-    last_fired_at: datetime | None = None
-    last_job_id: int | None = None
-    fire_count: int = 0
-    created_at: datetime
-    updated_at: datetime
-    runs: list[DefinitionRun] = Field(default_factory=list, description="latest firings first")
 
 
 # ------------------------------------------------------------------------------ schedules

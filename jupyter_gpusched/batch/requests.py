@@ -1,6 +1,7 @@
 """A notebook submission: what it asks for, when it runs, and the command that runs it.
 
-``POST notebooks`` bodies are read into a :class:`NotebookRequest`; ``at`` (now, tonight, a
+``POST notebooks`` bodies are read into a
+:class:`~jupyter_gpusched.core.api.NotebookSubmission`; ``at`` (now, tonight, a
 window name, an ISO time, or a cron expression for a recurring definition) is resolved with
 the policy windows; the job runs ``python -m jupyter_gpusched.node.nbrun`` in its job dir.
 """
@@ -15,14 +16,12 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from jupyter_gpusched.core import windows
+from jupyter_gpusched.core.api import NotebookSubmission, parse_body
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
 from jupyter_gpusched.core.models import (
     Job,
     JobSpec,
-    PriorityClass,
     parse_spec,
 )
 
@@ -35,37 +34,8 @@ CWD_LABEL = "notebook_cwd"
 OUTPUT_LABEL, LOG_LABEL = "output_notebook", "output_log"
 #: Largest parameters object, as JSON: it travels on the node's command line.
 MAX_PARAMETERS_BYTES = 64 * 1024
-DEFAULT_BACKOFF_S = 60.0
-
-
-class NotebookRequest(BaseModel):
-    """What ``POST notebooks`` takes (and ``POST definitions``, with ``schedule``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    notebook: str = Field(description="path under the server root (or absolute inside it)")
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    kernel_name: str | None = None
-    at: str = Field("now", description="now | tonight | a window name | ISO time | cron")
-    schedule: str | None = Field(None, description="cron expression (definitions only)")
-    timezone: str | None = Field(None, description="of the cron / a naive ISO time")
-    catch_up: str = Field("skip", description="after downtime: skip | once")
-    paused: bool = False
-    cell_timeout_s: float | None = Field(None, gt=0)
-    retry_backoff_s: float = Field(DEFAULT_BACKOFF_S, ge=0)
-    cwd: str | None = Field(None, description="working directory of the kernel on the node")
-    name: str | None = Field(None, max_length=200)
-    gpus: int = 1
-    gpu_mem_gb: float | None = None
-    gpu_share: float | None = None
-    cpus: float = 1.0
-    mem_gb: float = 4.0
-    gpu_models: list[str] = Field(default_factory=list)
-    priority: PriorityClass | None = None
-    max_runtime_s: float | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    retries: int = 0
-    labels: dict[str, str] = Field(default_factory=dict)
+#: First wait before a failed run is retried, as the request model says.
+DEFAULT_BACKOFF_S: float = NotebookSubmission.model_fields["retry_backoff_s"].default
 
 
 @dataclass(frozen=True)
@@ -80,17 +50,9 @@ class Submission:
     name: str | None = None
 
 
-def parse_request(data: Any) -> NotebookRequest:
+def parse_request(data: Any) -> NotebookSubmission:
     """Validate a request body, raising :class:`InvalidSpecError` naming the bad field."""
-    if not isinstance(data, dict):
-        raise InvalidSpecError("body", 'must be a JSON object like {"notebook": "nb.ipynb"}')
-    try:
-        return NotebookRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        raise InvalidSpecError(field, msg[0].lower() + msg[1:]) from None
+    return parse_body(NotebookSubmission, data, '{"notebook": "nb.ipynb"}')
 
 
 def resolve_notebook(path: str, root_dir: str) -> tuple[str, str]:
@@ -192,7 +154,7 @@ def resolve_at(
 
 
 def build_submission(
-    request: NotebookRequest,
+    request: NotebookSubmission,
     *,
     user: str,
     root_dir: str,

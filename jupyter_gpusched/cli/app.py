@@ -1,59 +1,92 @@
-"""``jupyter gpusched SUBCOMMAND``: dispatch to the module that owns each subcommand.
+"""``jupyter gpusched SUBCOMMAND``: one JupyterApp whose subcommands live beside their layer.
 
-Each subcommand lives beside the layer it serves and owns its own argparse parser, so this
-module stays a table. Heavy imports happen only for the subcommand that runs.
+Subcommands are named by import string, so only the one that runs is imported: ``jupyter
+gpusched queue`` loads the REST client, never the server, the store or the simulator. Every
+subcommand reads ``jupyter_gpusched_config.py`` and takes ``--Class.trait=value`` options, as
+every Jupyter command does (``jupyter gpusched queue --help-all`` lists them).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+from typing import Any
 
-#: subcommand -> (module, function taking argv and returning an exit code, one-line help)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "simulate": (
-        "jupyter_gpusched.packing.simulate",
-        "main",
-        "replay a GPU-cluster trace on the packer",
+from jupyter_core.application import JupyterApp
+
+from jupyter_gpusched import __version__
+
+from .base import GpuSchedCommand, run_command
+
+#: subcommand -> (import string of its app, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "submit": ("jupyter_gpusched.cli.jobs.SubmitApp", "Queue a script on the cluster."),
+    "queue": ("jupyter_gpusched.cli.jobs.QueueApp", "Show queued and running jobs."),
+    "cancel": ("jupyter_gpusched.cli.jobs.CancelApp", "Cancel jobs by id."),
+    "logs": ("jupyter_gpusched.cli.jobs.LogsApp", "Print (-f: follow) a job's output."),
+    "nodes": ("jupyter_gpusched.cli.jobs.NodesApp", "Show the cluster map, a glyph per GPU."),
+    "submit-notebook": (
+        "jupyter_gpusched.cli.notebooks.SubmitNotebookApp",
+        "Run a notebook as a batch job, now, later or on a cron schedule.",
     ),
-    "policy": ("jupyter_gpusched.cli.policy", "main", "explain which rules hold at a time"),
-    "demo": ("jupyter_gpusched.cli.demo", "main", "run a short workload on the embedded cluster"),
-    "submit": ("jupyter_gpusched.cli.jobs", "submit_main", "queue a script on the cluster"),
-    "queue": ("jupyter_gpusched.cli.jobs", "queue_main", "show queued and running jobs"),
-    "cancel": ("jupyter_gpusched.cli.jobs", "cancel_main", "cancel jobs by id"),
-    "logs": ("jupyter_gpusched.cli.jobs", "logs_main", "print (-f: follow) a job's output"),
-    "nodes": ("jupyter_gpusched.cli.jobs", "nodes_main", "show the cluster map, a glyph per GPU"),
-    "submit-notebook": ("jupyter_gpusched.cli.notebooks", "submit_main", "run a notebook job"),
-    "definitions": ("jupyter_gpusched.cli.notebooks", "definitions_main", "recurring notebooks"),
+    "definitions": (
+        "jupyter_gpusched.cli.notebooks.DefinitionsApp",
+        "List, show, pause, resume or delete recurring notebook jobs.",
+    ),
+    "policy": ("jupyter_gpusched.cli.policy.PolicyApp", "Explain which rules hold at a time."),
+    "demo": ("jupyter_gpusched.cli.demo.DemoApp", "Run a short workload on the embedded cluster."),
+    "simulate": ("jupyter_gpusched.cli.app.SimulateApp", "Replay a GPU-cluster trace."),
     "service": (
-        "jupyter_gpusched.server.service",
-        "main",
-        "run the lab-wide queue as a service ('service token USER' mints a user's token)",
+        "jupyter_gpusched.server.service.GpuSchedService",
+        "Run the lab-wide queue as a service ('service token USER' mints a user's token).",
     ),
 }
 
 
-def _usage() -> str:
-    lines = ["usage: jupyter gpusched COMMAND [options]", "", "commands:"]
-    width = max(len(c) for c in COMMANDS)
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
-    lines += ["", "Run 'jupyter gpusched COMMAND --help' for a command's options."]
-    return "\n".join(lines)
+class GpuSchedCLI(GpuSchedCommand):
+    """The ``jupyter gpusched`` command: dispatches to its subcommands."""
+
+    description = "One GPU queue for a lab, living in Jupyter: the scheduler from a terminal."
+    version = __version__
+    subcommands = {name: (app, help_) for name, (app, help_) in SUBCOMMANDS.items()}
+
+    def start(self) -> None:
+        """Run the subcommand; with none, list them."""
+        if self.subapp is None:
+            if self.extra_args:
+                self.fail(
+                    f"unknown command {self.extra_args[0]!r}; one of {', '.join(SUBCOMMANDS)}"
+                )
+            self.print_subcommands()
+            self.exit(0)
+        self.subapp.start()
+
+
+class SimulateApp(JupyterApp):
+    """``jupyter gpusched simulate``: the packer's trace replay, which keeps its own options.
+
+    The replay lives in the pure :mod:`jupyter_gpusched.packing.simulate`, whose argparse
+    options this passes through as they are (``jupyter gpusched simulate --help``).
+    """
+
+    name = "jupyter-gpusched"
+    description = "Replay a GPU-cluster trace on the packer."
+
+    def initialize(self, argv: Any = None) -> None:  # noqa: D102
+        self.argv_rest = list(sys.argv[1:] if argv is None else argv)
+
+    def start(self) -> None:  # noqa: D102
+        from jupyter_gpusched.packing.simulate import main
+
+        try:
+            code = main(self.argv_rest)
+        except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+            code = int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        self.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jupyter-gpusched`` console script."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(_usage())
-        return 0
-    name, rest = args[0], args[1:]
-    if name not in COMMANDS:
-        print(f"jupyter gpusched: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module, func, _ = COMMANDS[name]
-    code = getattr(importlib.import_module(module), func)(rest)
-    return int(code or 0)
+    return run_command(GpuSchedCLI, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,14 @@ queue as it moves and a text cluster map; exits 0 only when everything behaved a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from traitlets import Bool, Float
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.ssh import SshBackend
@@ -24,7 +25,8 @@ from jupyter_gpusched.core.windows import PolicyConfig
 from jupyter_gpusched.scheduling.scheduler import Scheduler
 from jupyter_gpusched.store.store import Store
 
-from .jobs import format_cluster, format_queue
+from .base import GpuSchedCommand
+from .formats import format_cluster, format_queue
 
 #: The demo runs as if it were Monday 10:00 UTC: the day window is in force.
 DEMO_START = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
@@ -215,25 +217,40 @@ async def _watch(
         result.final[key] = sched.get_job(job_id)
 
 
-def main(argv: list[str]) -> int:
-    """``jupyter gpusched demo [--headless]``."""
-    parser = argparse.ArgumentParser(prog="jupyter gpusched demo", description=__doc__)
-    parser.add_argument(
-        "--headless",
-        action="store_true",
-        help="plain output for scripts and CI; the exit code says if all went well",
+class DemoApp(GpuSchedCommand):
+    """``jupyter gpusched demo [--headless]``: the workload above, on an embedded cluster."""
+
+    command = "demo"
+    description = (
+        "Start the embedded simulated cluster and run a short workload end to end; exit 0 "
+        "when every job behaved as expected."
     )
-    parser.add_argument("--timeout", type=float, default=90.0, help="give up after this many s")
-    args = parser.parse_args(argv)
-    result = asyncio.run(run_demo(timeout_s=args.timeout))
-    if result.problems:
-        print("\ndemo: something did not behave as expected:", file=sys.stderr)
-        for problem in result.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 1
-    print(
-        "\ndemo: every job ended as expected "
-        f"({', '.join(f'{k} {v.state.value}' for k, v in result.final.items())}); "
-        "a batch job waited for the day window's interactive reserve."
-    )
-    return 0
+
+    headless = Bool(
+        False, help="Plain output for scripts and CI; the exit code says if all went well."
+    ).tag(config=True)
+    timeout = Float(90.0, help="Give up after this many seconds.").tag(config=True)
+
+    aliases = {**GpuSchedCommand.aliases, "timeout": "DemoApp.timeout"}
+    flags = {
+        **GpuSchedCommand.flags,
+        "headless": ({"DemoApp": {"headless": True}}, "Plain output for scripts and CI."),
+    }
+
+    def check(self) -> None:  # noqa: D102
+        self.positional("", at_most=0)
+
+    def run(self) -> int:
+        """Run the demo; 1 when something did not behave as expected."""
+        result = asyncio.run(run_demo(timeout_s=self.timeout))
+        if result.problems:
+            print("\ndemo: something did not behave as expected:", file=sys.stderr)
+            for problem in result.problems:
+                print(f"  - {problem}", file=sys.stderr)
+            return 1
+        print(
+            "\ndemo: every job ended as expected "
+            f"({', '.join(f'{k} {v.state.value}' for k, v in result.final.items())}); "
+            "a batch job waited for the day window's interactive reserve."
+        )
+        return 0

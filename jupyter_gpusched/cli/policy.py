@@ -1,21 +1,28 @@
-"""``jupyter gpusched policy --at "2026-11-23 09:00"``: which policy rules hold then, and why."""
+"""``jupyter gpusched policy --at "2026-11-23 09:00"``: which policy rules hold then, and why.
+
+The policy is configured for the server (``c.GpuSchedPolicy...`` in
+``jupyter_server_config``), so this command reads those files as well as its own;
+``--config FILE`` reads that one file instead, and ``--GpuSchedPolicy.timezone=...`` on the
+command line overrides both.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from traitlets import TraitError
-from traitlets.config import Config
+from traitlets import Bool, TraitError, Unicode
+from traitlets.config import Application, Config
 from traitlets.config.loader import ConfigFileNotFound, JSONFileConfigLoader, PyFileConfigLoader
 
 from jupyter_gpusched.core.windows import PolicyConfig, local_boundary, policy_view
 from jupyter_gpusched.server.config import GpuSchedPolicy
 
+from .base import GpuSchedCommand, UsageError, run_command
+
 _AT_HELP = "'now', '2026-11-23 09:00' (policy timezone) or '2026-11-23T09:00+01:00'"
+SERVER_CONFIG = "jupyter_server_config"
 
 
 def load_config(config_file: str | None = None) -> Config:
@@ -31,7 +38,7 @@ def load_config(config_file: str | None = None) -> Config:
 
     # Lowest priority first, so the user's own files override system-wide ones.
     for directory in reversed(jupyter_config_path()):
-        for name in ("jupyter_server_config.json", "jupyter_server_config.py"):
+        for name in (f"{SERVER_CONFIG}.json", f"{SERVER_CONFIG}.py"):
             path = Path(directory) / name
             if path.is_file():
                 try:
@@ -67,39 +74,50 @@ def parse_at(text: str, policy: PolicyConfig, now: datetime) -> datetime:
     return when.astimezone(UTC)
 
 
+class PolicyApp(GpuSchedCommand):
+    """Explain which time-of-day window, quotas and queue rules hold at a time."""
+
+    command = "policy"
+    description = "Explain which time-of-day window, quotas and queue rules hold at a time."
+    examples = 'jupyter gpusched policy --at "2026-11-23 09:00" --GpuSchedPolicy.timezone=UTC'
+    classes = [GpuSchedPolicy]
+
+    at = Unicode("now", help=f"The instant to explain: {_AT_HELP}.").tag(config=True)
+    json = Bool(False, help="Print JSON instead of text.").tag(config=True)
+
+    aliases = {**GpuSchedCommand.aliases, "at": "PolicyApp.at"}
+    flags = {
+        **GpuSchedCommand.flags,
+        "json": ({"PolicyApp": {"json": True}}, "Print JSON instead of text."),
+    }
+    #: The instant "now" means (tests fix it); None = the wall clock.
+    now: datetime | None = None
+
+    def load_config_file(self, suppress_errors: bool = True) -> None:  # type: ignore[override]
+        """The server's config files (where the policy lives), then this command's own."""
+        if not self.config_file:
+            Application.load_config_file(self, SERVER_CONFIG, path=self.config_file_paths)
+        super().load_config_file(suppress_errors=suppress_errors)
+
+    def check(self) -> None:
+        """The policy (config) and the time are read before anything is printed."""
+        self.positional("", at_most=0)
+        try:
+            self.policy = GpuSchedPolicy(parent=self).to_policy_config()
+        except (TraitError, ValueError) as exc:
+            raise UsageError(f"bad configuration: {exc}") from None
+        try:
+            self.when = parse_at(self.at, self.policy, self.now or datetime.now(UTC))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def run(self) -> int:
+        """Print the explanation (or the API's JSON)."""
+        view = policy_view(self.policy, self.when)
+        print(view.model_dump_json(indent=2) if self.json else view.explanation)
+        return 0
+
+
 def main(argv: list[str] | None = None, *, now: datetime | None = None) -> int:
     """Print the policy in force at ``--at``; 2 on a bad time or config."""
-    parser = argparse.ArgumentParser(
-        prog="jupyter gpusched policy",
-        description="Explain which time-of-day window, quotas and queue rules hold at a time.",
-    )
-    parser.add_argument("--at", default="now", help=f"the instant to explain: {_AT_HELP}")
-    parser.add_argument(
-        "--config", metavar="FILE", help="a jupyter_server_config .py or .json file to read "
-        "instead of the ones on Jupyter's config path (section GpuSchedPolicy)",
-    )  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        policy = GpuSchedPolicy(config=load_config(args.config)).to_policy_config()
-    except (TraitError, ValueError, OSError) as exc:
-        print(f"jupyter gpusched policy: bad configuration: {exc}", file=sys.stderr)
-        return 2
-    try:
-        at = parse_at(args.at, policy, now or datetime.now(UTC))
-    except ValueError as exc:
-        print(f"jupyter gpusched policy: {exc}", file=sys.stderr)
-        return 2
-    view = policy_view(policy, at)
-    if args.json:
-        print(json.dumps(view, indent=2))
-    else:
-        print(view["explanation"])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_command(PolicyApp, sys.argv[1:] if argv is None else argv, now=now)

@@ -1,14 +1,16 @@
 """A small blocking client of the REST API, and how to find a running server.
 
-Used by ``jupyter gpusched submit|queue|...`` and by the ``%gpu`` magic inside kernels. Only the
-standard library for HTTP (so a kernel does not pay for more imports); the websocket of events
-uses tornado, which every Jupyter install has.
+Used by ``jupyter gpusched submit|queue|...`` and by the ``%gpu`` magic inside kernels. Answers
+come back as the API's own models (:mod:`jupyter_gpusched.core.api`), checked on arrival. Only
+the standard library for HTTP and for finding the server (so a command or a kernel pays for no
+more imports); the websocket of events uses tornado, which every Jupyter install has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import urllib.error
@@ -16,9 +18,27 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from jupyter_gpusched.core.api import (
+    Cluster,
+    Definition,
+    DefinitionList,
+    EventMessage,
+    JobList,
+    JobView,
+    LeaseKernel,
+    LeaseList,
+    NotebookSubmitted,
+    PolicyView,
+)
 from jupyter_gpusched.core.errors import GpuSchedError
+from jupyter_gpusched.core.models import JobSubmission
+from jupyter_gpusched.core.units import format_duration_s
+
+M = TypeVar("M", bound=BaseModel)
 
 URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
 API = "gpusched/api/"
@@ -48,6 +68,40 @@ class ServerInfo:
     token: str = ""
 
 
+def running_servers(runtime_dir: str | None = None) -> list[dict[str, Any]]:
+    """The running Jupyter servers' files (``jpserver-*.json``), as ``jupyter server list``.
+
+    Read directly, not through jupyter_server, so a command starts without importing it.
+    Files of servers whose process is gone are skipped.
+    """
+    if runtime_dir is None:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        runtime_dir = jupyter_runtime_dir()
+    found = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(runtime_dir), "jpserver-*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue  # being written or removed
+        if isinstance(info, dict) and "url" in info and _alive(info.get("pid")):
+            found.append(info)
+    return found
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return True  # cannot tell: let the request say
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's server
+    return True
+
+
 def find_server(
     url: str | None = None,
     token: str | None = None,
@@ -64,10 +118,8 @@ def find_server(
         return ServerInfo(_slash(url), token or "")
     if env_url := os.environ.get(URL_ENV):
         return ServerInfo(_slash(env_url), token or os.environ.get(TOKEN_ENV, ""))
-    from jupyter_server.serverapp import list_running_servers
-
     tried = []
-    for info in list_running_servers(runtime_dir):
+    for info in running_servers(runtime_dir):
         candidate = ServerInfo(_slash(info["url"]), token or info.get("token", ""))
         try:
             GpuSchedClient(candidate.url, candidate.token, timeout_s=timeout_s).list_jobs(limit=1)
@@ -109,9 +161,11 @@ class GpuSchedClient:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def submit(self, spec: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    def submit(self, spec: JobSubmission | dict[str, Any] | None = None, **fields: Any) -> JobView:
         """Queue a job (JobSpec fields, without ``user``); the new job."""
-        return self._json("POST", "jobs", body={**(spec or {}), **fields})
+        if isinstance(spec, BaseModel):
+            spec = spec.model_dump(mode="json", exclude_unset=True)
+        return self._model(JobView, "POST", "jobs", body={**(spec or {}), **fields})
 
     def list_jobs(
         self,
@@ -121,27 +175,27 @@ class GpuSchedClient:
         kind: str | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> dict[str, Any]:
-        """``{"jobs": [...], "total", "limit", "offset"}``; ``user="me"`` for the caller."""
+    ) -> JobList:
+        """One page of jobs, oldest first; ``user="me"`` for the caller's."""
         if state is not None and not isinstance(state, str):
             state = ",".join(state)
         query = {"state": state, "user": user, "kind": kind, "limit": limit, "offset": offset}
-        return self._json("GET", "jobs", query=query)
+        return self._model(JobList, "GET", "jobs", query=query)
 
-    def get_job(self, job_id: int) -> dict[str, Any]:
+    def get_job(self, job_id: int) -> JobView:
         """One job."""
-        return self._json("GET", f"jobs/{int(job_id)}")
+        return self._model(JobView, "GET", f"jobs/{int(job_id)}")
 
-    def cancel(self, job_id: int) -> dict[str, Any]:
+    def cancel(self, job_id: int) -> JobView:
         """Cancel a queued or running job; the cancelled job."""
-        return self._json("DELETE", f"jobs/{int(job_id)}")
+        return self._model(JobView, "DELETE", f"jobs/{int(job_id)}")
 
     def update(
         self, job_id: int, *, priority: str | None = None, held: bool | None = None
-    ) -> dict[str, Any]:
+    ) -> JobView:
         """Change priority class (``interactive``/``batch``) or hold/release a queued job."""
         body = {k: v for k, v in (("priority", priority), ("held", held)) if v is not None}
-        return self._json("PATCH", f"jobs/{int(job_id)}", body=body)
+        return self._model(JobView, "PATCH", f"jobs/{int(job_id)}", body=body)
 
     def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> tuple[bytes, int]:
         """Log bytes from ``offset`` and the offset to ask for next."""
@@ -157,38 +211,44 @@ class GpuSchedClient:
             while chunk := resp.read1(65536):
                 yield chunk
 
-    def wait(self, job_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict:
+    def wait(self, job_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> JobView:
         """Block until the job finished (succeeded, failed or cancelled); the job."""
         import time
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             job = self.get_job(job_id)
-            if job["state"] in ("succeeded", "failed", "cancelled"):
+            if job.state in ("succeeded", "failed", "cancelled"):
                 return job
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s}s")
+                raise TimeoutError(
+                    f"job {job_id} still {job.state.value} after {format_duration_s(timeout_s)}"
+                )
             time.sleep(poll_s)
 
     # -- leases, cluster, policy ---------------------------------------------------------------
 
-    def leases(self, *, user: str | None = None) -> list[dict[str, Any]]:
+    def leases(self, *, user: str | None = None) -> list[JobView]:
         """My live leases (admins: ``user="all"`` or a name)."""
-        return list(self._json("GET", "leases", query={"user": user})["leases"])
+        return self._model(LeaseList, "GET", "leases", query={"user": user}).leases
 
-    def release(self, lease_id: int) -> dict[str, Any]:
+    def release(self, lease_id: int) -> JobView:
         """Release a lease."""
-        return self._json("DELETE", f"leases/{int(lease_id)}")
+        return self._model(JobView, "DELETE", f"leases/{int(lease_id)}")
 
-    def cluster(self) -> dict[str, Any]:
+    def lease_kernel(self, lease_id: int) -> LeaseKernel:
+        """How to reach a running lease's kernel (counts as activity on the lease)."""
+        return self._model(LeaseKernel, "GET", f"leases/{int(lease_id)}/kernel")
+
+    def cluster(self) -> Cluster:
         """Nodes, GPUs, fragmentation figures, the window in force, queue size."""
-        return self._json("GET", "cluster")
+        return self._model(Cluster, "GET", "cluster")
 
-    def policy(self, at: str | None = None) -> dict[str, Any]:
+    def policy(self, at: str | None = None) -> PolicyView:
         """The window at ``at`` (ISO time with zone; default now) and an explanation."""
-        return self._json("GET", "policy", query={"at": at})
+        return self._model(PolicyView, "GET", "policy", query={"at": at})
 
-    async def events(self, *, after: int = 0) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, *, after: int = 0) -> AsyncIterator[EventMessage]:
         """Scheduler events over the websocket, replaying stored ones newer than ``after``."""
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
@@ -203,7 +263,7 @@ class GpuSchedClient:
         conn = await websocket_connect(HTTPRequest(ws_url, headers=self._headers()))
         try:
             while (message := await conn.read_message()) is not None:
-                yield json.loads(message)
+                yield EventMessage.model_validate_json(message)
         finally:
             # close() only sends the close frame; tornado closes the socket once the server
             # answers (or 5 s later), on a loop that may end first (asyncio.run): the socket
@@ -217,11 +277,36 @@ class GpuSchedClient:
             finally:
                 conn.stream.close()  # a no-op once closed; else (cancelled, timed out) abort
 
-    def call(
-        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None
-    ) -> Any:
-        """Any JSON route under ``gpusched/api/`` (e.g. plugin routes such as ``notebooks``)."""
-        return self._json(method, path, query=query, body=body)
+    # -- notebooks and definitions -------------------------------------------------------------
+
+    def submit_notebook(self, notebook: str, **fields: Any) -> NotebookSubmitted:
+        """Run a notebook now, later, or (a cron ``at``) on a schedule.
+
+        ``notebook`` is a path under the server's root (absolute paths inside it work too);
+        ``fields`` are the other request fields (parameters, at, gpus, ...).
+        """
+        body = {"notebook": notebook, **fields}
+        return self._model(NotebookSubmitted, "POST", "notebooks", body=body)
+
+    def list_definitions(
+        self, *, user: str | None = None, limit: int = 1000, offset: int = 0
+    ) -> DefinitionList:
+        """One page of recurring notebook jobs (``user="me"`` for the caller's)."""
+        query = {"user": user, "limit": limit, "offset": offset}
+        return self._model(DefinitionList, "GET", "definitions", query=query)
+
+    def get_definition(self, definition_id: int) -> Definition:
+        """One definition with its latest firings."""
+        return self._model(Definition, "GET", f"definitions/{int(definition_id)}")
+
+    def update_definition(self, definition_id: int, **changes: Any) -> Definition:
+        """Change ``paused``, ``schedule``, ``timezone``, ``catch_up`` or ``name``."""
+        path = f"definitions/{int(definition_id)}"
+        return self._model(Definition, "PATCH", path, body=changes)
+
+    def delete_definition(self, definition_id: int) -> Definition:
+        """Delete a definition (the jobs it made stay)."""
+        return self._model(Definition, "DELETE", f"definitions/{int(definition_id)}")
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -254,9 +339,9 @@ class GpuSchedClient:
             reason = getattr(err, "reason", err)
             raise ServerNotFoundError(f"cannot reach {self.url}: {reason}") from None
 
-    def _json(self, method: str, path: str, **kw: Any) -> Any:
+    def _model(self, model: type[M], method: str, path: str, **kw: Any) -> M:
         with self._open(method, path, **kw) as resp:
-            return json.loads(resp.read())
+            return model.model_validate_json(resp.read())
 
 
 def _api_error(err: urllib.error.HTTPError) -> ApiError:

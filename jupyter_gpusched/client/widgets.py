@@ -1,7 +1,7 @@
 """``%gpu status``: the cluster as an ipywidgets view, updated from the server's events.
 
 :class:`ClusterMap` keeps its meaning in synced traits (``nodes``, ``metrics``, ``window``,
-``queue``) computed from the API's JSON by :meth:`ClusterMap.apply_cluster` and
+``queue``) computed from the API's models by :meth:`ClusterMap.apply_cluster` and
 :meth:`ClusterMap.apply_event`, so the logic is tested through ``get_state()`` with no kernel.
 The children are plain HTML widgets rendered from those traits: a node x GPU map coloured by
 state (the lab panel's colours) with a memory fill and hover details, the fragmentation
@@ -22,6 +22,10 @@ from typing import Any
 import ipywidgets as widgets
 from traitlets import Bool, Dict, Int, List, Unicode, observe
 
+from jupyter_gpusched.core.api import Cluster, EventMessage, Gpu, JobView, Node
+from jupyter_gpusched.core.models import JobState
+from jupyter_gpusched.core.units import format_size_gb
+
 log = logging.getLogger(__name__)
 
 #: GPU state -> colour; the JupyterLab panel uses the same.
@@ -32,59 +36,55 @@ COLOURS = {
     "foreign": "#ef6c00",
     "down": "#c62828",
 }
-_LIVE = ("queued", "starting", "running")
+_LIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: Event kinds that cannot change which GPUs are taken.
 _QUIET_KINDS = frozenset({"activity", "waiting", "submitted", "updated"})
 
 
-def gpu_title(node: dict[str, Any], gpu: dict[str, Any]) -> str:
+def gpu_title(node: Node, gpu: Gpu) -> str:
     """Hover text of one GPU: where, state, jobs and owners, memory, utilization."""
-    lines = [
-        f"{node['name']} GPU {gpu['index']} ({gpu.get('model', '?')})",
-        f"state: {gpu['state']}",
-    ]
-    for job in gpu.get("jobs", []):
-        share = job.get("share", 1.0)
-        part = f", {share:.0%} of the GPU" if share < 1 else ""
-        lines.append(f"job {job['id']} ({job.get('kind', '?')}) by {job.get('user', '?')}{part}")
-    lines.append(f"memory {gpu.get('mem_used_gb', 0):.1f} / {gpu.get('mem_total_gb', 0):.1f} GB")
-    lines.append(f"utilization {gpu.get('util_pct', 0):.0f}%")
-    if not node.get("up", True) and node.get("error"):
-        lines.append(f"node down: {node['error']}")
+    state = gpu.state if node.up else "down"
+    lines = [f"{node.name} GPU {gpu.index} ({gpu.model})", f"state: {state}"]
+    for job in gpu.jobs:
+        part = f", {job.share:.0%} of the GPU" if job.share < 1 else ""
+        lines.append(f"job {job.id} ({job.kind.value}) by {job.user}{part}")
+    used, total = round(gpu.mem_used_gb, 1), round(gpu.mem_total_gb, 1)
+    lines.append(f"memory {format_size_gb(used)} / {format_size_gb(total)}")
+    lines.append(f"utilization {gpu.util_pct:.0f}%")
+    if not node.up and node.error:
+        lines.append(f"node down: {node.error}")
     return "\n".join(lines)
 
 
-def _gpu_entry(node: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
-    state = gpu.get("state", "free") if node.get("up", True) else "down"
-    total = float(gpu.get("mem_total_gb") or 0.0)
-    used = float(gpu.get("mem_used_gb") or 0.0)
+def _gpu_entry(node: Node, gpu: Gpu) -> dict[str, Any]:
+    state = gpu.state if node.up else "down"
+    total, used = gpu.mem_total_gb, gpu.mem_used_gb
     return {
-        "index": gpu["index"],
-        "model": gpu.get("model", ""),
+        "index": gpu.index,
+        "model": gpu.model,
         "state": state,
         "colour": COLOURS.get(state, COLOURS["free"]),
         "mem_fill": round(min(1.0, used / total), 3) if total else 0.0,
         "mem_used_gb": used,
         "mem_total_gb": total,
-        "util_pct": float(gpu.get("util_pct") or 0.0),
-        "jobs": [int(j["id"]) for j in gpu.get("jobs", [])],
-        "title": gpu_title(node, {**gpu, "state": state}),
+        "util_pct": gpu.util_pct,
+        "jobs": [j.id for j in gpu.jobs],
+        "title": gpu_title(node, gpu),
     }
 
 
-def _queue_entry(job: dict[str, Any]) -> dict[str, Any]:
-    spec = job.get("spec", {})
-    placement = job.get("placement") or {}
+def _queue_entry(job: JobView) -> dict[str, Any]:
+    spec = job.spec
     return {
-        "id": int(job["id"]),
-        "user": job.get("user") or spec.get("user", ""),
-        "kind": spec.get("kind", ""),
-        "state": job["state"],
-        "gpus": spec.get("gpus", 0),
-        "node": placement.get("node"),
-        "position": job.get("position"),
-        "reason": job.get("reason"),
-        "name": spec.get("name") or " ".join(spec.get("command") or []) or "",
+        "id": job.id,
+        "user": job.user,
+        "kind": spec.kind.value,
+        "state": job.state.value,
+        "gpus": spec.gpus,
+        "node": job.placement.node if job.placement else None,
+        "position": job.position,
+        "reason": job.reason,
+        "name": spec.name or " ".join(spec.command or []) or "",
     }
 
 
@@ -98,9 +98,9 @@ class ClusterMap(widgets.VBox):
         help="Fragmentation figures of GET cluster (free_nodes_by_size, "
         "largest_placeable_gpus, frag_ratio, allocated_share, gpus_free...)."
     ).tag(sync=True)
-    window = Dict(help="The policy window in force: name, since, until, next, rules.").tag(
-        sync=True
-    )
+    window = Dict(
+        help="The policy window in force (GET cluster's window): name, until, next_window, rules."
+    ).tag(sync=True)
     queue = List(help="Live jobs (queued, starting, running), queued first in queue order.").tag(
         sync=True
     )
@@ -117,7 +117,7 @@ class ClusterMap(widgets.VBox):
         self._queue = widgets.HTML()
         super().__init__(children=[self._map, self._figures, self._window, self._queue], **kwargs)
         self.client = client
-        self._jobs: dict[int, dict[str, Any]] = {}
+        self._jobs: dict[int, JobView] = {}
         self._task: asyncio.Task[None] | None = None
         self._refresh_pending = False
         self._render_map()
@@ -127,48 +127,45 @@ class ClusterMap(widgets.VBox):
 
     # ------------------------------------------------------------------ model logic
 
-    def apply_cluster(self, cluster: dict[str, Any]) -> None:
+    def apply_cluster(self, cluster: Cluster) -> None:
         """Take a ``GET cluster`` body (or a ``cluster`` event's) as the new state."""
         nodes = [
             {
-                "name": n["name"],
-                "up": bool(n.get("up", True)),
-                "error": n.get("error"),
-                "gpus": [_gpu_entry(n, g) for g in n.get("gpus", [])],
+                "name": n.name,
+                "up": n.up,
+                "error": n.error,
+                "gpus": [_gpu_entry(n, g) for g in n.gpus],
             }
-            for n in cluster.get("nodes", [])
+            for n in cluster.nodes
         ]
         with self.hold_trait_notifications():
             self.nodes = nodes
-            self.metrics = dict(cluster.get("metrics") or {})
-            self.window = dict(cluster.get("window") or {})
+            self.metrics = cluster.metrics.model_dump(mode="json")
+            self.window = cluster.window.model_dump(mode="json")
 
-    def apply_jobs(self, jobs: list[dict[str, Any]]) -> None:
+    def apply_jobs(self, jobs: list[JobView]) -> None:
         """Take a list of jobs (``GET jobs``) as the live ones."""
-        self._jobs = {int(j["id"]): j for j in jobs if j.get("state") in _LIVE}
+        self._jobs = {j.id: j for j in jobs if j.state in _LIVE}
         self._update_queue()
 
-    def apply_event(self, event: dict[str, Any]) -> bool:
+    def apply_event(self, event: EventMessage) -> bool:
         """Apply one websocket event; True when the GPU map should be fetched again."""
-        self.last_event_id = max(self.last_event_id, int(event.get("id") or 0))
-        cluster = event.get("cluster") or (event.get("detail") or {}).get("cluster")
-        if cluster:
-            self.apply_cluster(cluster)
+        self.last_event_id = max(self.last_event_id, event.id or 0)
+        if event.cluster is not None:
+            self.apply_cluster(event.cluster)
             return False
-        job = event.get("job")
-        if job:
-            job_id = int(job["id"])
-            if job.get("state") in _LIVE:
-                self._jobs[job_id] = job
+        if event.job is not None:
+            if event.job.state in _LIVE:
+                self._jobs[event.job.id] = event.job
             else:
-                self._jobs.pop(job_id, None)
+                self._jobs.pop(event.job.id, None)
             self._update_queue()
-        return event.get("kind") not in _QUIET_KINDS
+        return event.kind not in _QUIET_KINDS
 
     def _update_queue(self) -> None:
-        def order(job: dict[str, Any]) -> tuple[int, int, int]:
-            queued = job["state"] == "queued"
-            return (0 if queued else 1, job.get("position") or 10**9, int(job["id"]))
+        def order(job: JobView) -> tuple[int, int, int]:
+            queued = job.state is JobState.QUEUED
+            return (0 if queued else 1, job.position or 10**9, job.id)
 
         queue = [_queue_entry(j) for j in sorted(self._jobs.values(), key=order)]
         if queue != self.queue:
@@ -182,8 +179,8 @@ class ClusterMap(widgets.VBox):
             return
         try:
             self.apply_cluster(self.client.cluster())
-            page = self.client.list_jobs(state=",".join(_LIVE), limit=1000)
-            self.apply_jobs(page["jobs"])
+            page = self.client.list_jobs(state=[s.value for s in _LIVE], limit=1000)
+            self.apply_jobs(page.jobs)
             self.error = ""
         except Exception as exc:  # noqa: BLE001 - shown in the widget, not raised into a cell
             self.error = f"cannot reach the server: {getattr(exc, 'message', exc)}"
@@ -301,14 +298,12 @@ class ClusterMap(widgets.VBox):
             self._window.value = ""
             return
         until = f" until {html.escape(str(w['until']))}" if w.get("until") else ""
-        nxt = f", then <b>{html.escape(str(w['next']))}</b>" if w.get("next") else ""
-        rules = w.get("rules") or {}
-        detail = ", ".join(
-            f"{k.replace('_', ' ')} {v}" for k, v in rules.items() if v not in (None, "")
-        )
+        nxt = w.get("next_window")
+        then = f", then <b>{html.escape(str(nxt))}</b>" if nxt and w.get("until") else ""
+        rules = "; ".join(w.get("rules") or [])
         self._window.value = (
-            f"<div>window <b>{html.escape(str(w.get('name')))}</b>{until}{nxt}"
-            f"<div style='font-size:smaller;color:#666'>{html.escape(detail)}</div></div>"
+            f"<div>window <b>{html.escape(str(w.get('name')))}</b>{until}{then}"
+            f"<div style='font-size:smaller;color:#666'>{html.escape(rules)}</div></div>"
         )
 
     @observe("queue")

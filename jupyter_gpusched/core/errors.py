@@ -15,10 +15,6 @@ class GpuSchedError(Exception):
         super().__init__(message)
         self.message = message
 
-    def to_json(self) -> dict[str, object]:
-        """The JSON error body the REST API answers with."""
-        return {"error": type(self).__name__, "message": self.message}
-
 
 class InvalidSpecError(GpuSchedError):
     """A job spec, a query or a config value is malformed; names the field to fix."""
@@ -28,9 +24,6 @@ class InvalidSpecError(GpuSchedError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
-
-    def to_json(self) -> dict[str, object]:  # noqa: D102
-        return {**super().to_json(), "field": self.field}
 
 
 class BadRequestError(GpuSchedError):

@@ -80,46 +80,16 @@ def check_transition(from_state: JobState, to_state: JobState, job_id: int | Non
         raise IllegalTransitionError(job_id, from_state.value, to_state.value)
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|)\s*$", re.IGNORECASE)
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
+class JobRequirements(BaseModel):
+    """What any job asks for: resources, priority, limits, labels.
 
+    Shared by :class:`JobSubmission` and the notebook requests of
+    :mod:`jupyter_gpusched.core.api`, so a field is defined (and documented) once.
+    """
 
-def parse_size_gb(text: str | float | int) -> float:
-    """Read ``16G``, ``16GB``, ``512M``, ``1.5T`` or a bare number of GB."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size; write it like 16G, 512M or 24")
-    value, unit = float(m.group(1)), m.group(2).lower()[:1]
-    return value * {"": 1.0, "k": 1 / 1024**2, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[unit]
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
 
-
-def parse_duration_s(text: str | float | int) -> float:
-    """Read ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` or a bare number of seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    stripped = text.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
-        return float(stripped)
-    parts = _DURATION_RE.findall(stripped)
-    if not parts or _DURATION_RE.sub("", stripped).strip():
-        raise ValueError(f"{text!r} is not a duration; write it like 90s, 15m, 2h or 1h30m")
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(float(v) * mult[u.lower()] for v, u in parts)
-
-
-class JobSpec(BaseModel):
-    """What a user asks for. Validated on construction; see :func:`parse_spec`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: JobKind = Field(description="lease (interactive cells), script or notebook")
     name: str | None = Field(None, max_length=200, description="free-form display name")
-    command: list[str] | None = Field(
-        None, description="argv of a script job, e.g. ['python', 'train.py', '--lr', '0.1']"
-    )
-    notebook: str | None = Field(None, description="path of the notebook of a notebook job")
     parameters: dict[str, Any] = Field(
         default_factory=dict, description="papermill-style parameters of a notebook job"
     )
@@ -139,22 +109,10 @@ class JobSpec(BaseModel):
     priority: PriorityClass | None = Field(
         None, description="interactive or batch; default: interactive for leases, else batch"
     )
-    user: str = Field("anonymous", min_length=1, max_length=200)
     max_runtime_s: float | None = Field(None, gt=0, description="kill the job after this long")
-    not_before: datetime | None = Field(None, description="do not start before this time")
-    labels: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = Field(None, description="working directory on the node")
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form tags")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
-    files: list[str] = Field(default_factory=list, description="files to stage onto the node")
     retries: int = Field(0, ge=0, le=100, description="requeue this many times if lost")
-    lease_name: str | None = Field(None, max_length=200, description="name of a lease")
-
-    @field_validator("command")
-    @classmethod
-    def _command_nonempty(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and (not v or not all(isinstance(a, str) for a in v) or not v[0]):
-            raise ValueError("must be a non-empty list of strings, e.g. ['python', 'train.py']")
-        return v
 
     @field_validator("env")
     @classmethod
@@ -162,6 +120,29 @@ class JobSpec(BaseModel):
         for key in v:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+
+class JobSubmission(JobRequirements):
+    """A job as a client submits it (``POST jobs``); the server adds ``user``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: JobKind = Field(description="lease (interactive cells), script or notebook")
+    command: list[str] | None = Field(
+        None, description="argv of a script job, e.g. ['python', 'train.py', '--lr', '0.1']"
+    )
+    notebook: str | None = Field(None, description="path of the notebook of a notebook job")
+    not_before: datetime | None = Field(None, description="do not start before this time")
+    workdir: str | None = Field(None, description="working directory on the node")
+    files: list[str] = Field(default_factory=list, description="files to stage onto the node")
+    lease_name: str | None = Field(None, max_length=200, description="name of a lease")
+
+    @field_validator("command")
+    @classmethod
+    def _command_nonempty(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not all(isinstance(a, str) for a in v) or not v[0]):
+            raise ValueError("must be a non-empty list of strings, e.g. ['python', 'train.py']")
         return v
 
     @field_validator("not_before")
@@ -172,7 +153,7 @@ class JobSpec(BaseModel):
         return v.astimezone(UTC) if v is not None else None
 
     @model_validator(mode="after")
-    def _consistent(self) -> JobSpec:
+    def _consistent(self) -> JobSubmission:
         if self.kind is JobKind.SCRIPT and not self.command:
             raise _FieldError("command", "a script job needs a command, e.g. ['python', 'x.py']")
         if self.kind is JobKind.NOTEBOOK and not self.notebook:
@@ -200,6 +181,17 @@ class JobSpec(BaseModel):
         return None if self.gpu_mem_gb is not None else 1.0
 
 
+class JobSpec(JobSubmission):
+    """A submitted job with its owner: what the store keeps. See :func:`parse_spec`."""
+
+    user: str = Field(
+        "anonymous",
+        min_length=1,
+        max_length=200,
+        description="the owner, from the server's identity provider",
+    )
+
+
 class _FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -217,10 +209,11 @@ def parse_spec(data: dict[str, Any], **overrides: Any) -> JobSpec:
     try:
         return JobSpec.model_validate({**data, **overrides})
     except ValidationError as exc:
-        raise _to_invalid_spec(exc) from None
+        raise invalid_field(exc) from None
 
 
-def _to_invalid_spec(exc: ValidationError) -> InvalidSpecError:
+def invalid_field(exc: ValidationError) -> InvalidSpecError:
+    """The first error of a pydantic validation as our 422: the field and what to fix."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "body"
     ctx_error = (err.get("ctx") or {}).get("error")
@@ -239,7 +232,7 @@ def _to_invalid_spec(exc: ValidationError) -> InvalidSpecError:
 class Placement(BaseModel):
     """Where a job runs: one node and some of its GPUs."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, json_schema_serialization_defaults_required=True)
 
     node: str
     gpu_indices: list[int] = Field(default_factory=list)
@@ -248,8 +241,10 @@ class Placement(BaseModel):
     gpu_mem_gb: float | None = Field(None, description="GPU memory reserved on each GPU, GB")
 
 
-class Job(BaseModel):
-    """A job as the scheduler knows it: the spec plus its life so far."""
+class JobRecord(BaseModel):
+    """A job's facts: the spec plus its life so far (the store's row, the API's body)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     id: int
     spec: JobSpec
@@ -266,6 +261,10 @@ class Job(BaseModel):
     handle: dict[str, Any] = Field(
         default_factory=dict, description="backend facts to find the job again (pid, pgid, ...)"
     )
+
+
+class Job(JobRecord):
+    """A job as the scheduler knows it; :class:`jupyter_gpusched.core.api.JobView` shows it."""
 
     @property
     def user(self) -> str:
@@ -284,6 +283,8 @@ class Job(BaseModel):
 
 class Event(BaseModel):
     """One row of the audit log: every state change and notable action."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     id: int
     at: datetime

@@ -16,7 +16,8 @@ from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 from .models import Job, JobState, PriorityClass
-from .windows import PolicyConfig, Quota, Window, _aware, _dur, _num, local_boundary
+from .units import format_duration_s
+from .windows import PolicyConfig, Quota, Window, _aware, _num, local_boundary
 
 # --------------------------------------------------------------------------------------------
 # Fair share and quotas
@@ -263,8 +264,8 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
     if limit is not None and declared is not None and declared > limit:
         return Admission(
             False,
-            f"waiting: declares {_dur(declared)} runtime, {w.name} window starts batch jobs "
-            f"of at most {_dur(limit)}",
+            f"waiting: declares {format_duration_s(declared)} runtime, {w.name} window starts "
+            f"batch jobs of at most {format_duration_s(limit)}",
         )
     limits = [x for x in (limit, declared) if x is not None]
     return Admission(True, runtime_limit_s=min(limits) if limits else None)

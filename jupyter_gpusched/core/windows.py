@@ -34,6 +34,9 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from . import api
+from .units import format_duration_s
+
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 ALL_DAYS = frozenset(range(7))
 _UTC = UTC
@@ -274,19 +277,9 @@ def _aware(now: datetime) -> datetime:
 # Explanation
 
 
-# ``_num`` and ``_dur`` also word the reasons of :mod:`.policy`, so both say "4h" alike.
+# ``_num`` also words the reasons of :mod:`.policy`.
 def _num(x: float) -> str:
     return f"{x:g}" if x == int(x) else f"{x:.1f}"
-
-
-def _dur(seconds: float) -> str:
-    if seconds % 86400 == 0:
-        return f"{seconds / 86400:g}d"
-    if seconds % 3600 == 0:
-        return f"{seconds / 3600:g}h"
-    if seconds % 60 == 0:
-        return f"{seconds / 60:g}min"
-    return f"{seconds:g}s"
 
 
 def _fmt_local(at: datetime, tz: ZoneInfo) -> str:
@@ -317,9 +310,17 @@ def window_rules(w: Window) -> list[str]:
         f"interactive leases: {w.interactive_reserved_share:.0%} of GPUs reserved, "
         f"at most {w.interactive_max_share:.0%} of GPUs",
         "batch jobs started now: "
-        + (f"stopped after {_dur(w.batch_max_runtime_s)}" if w.batch_max_runtime_s else "no limit"),
+        + (
+            f"stopped after {format_duration_s(w.batch_max_runtime_s)}"
+            if w.batch_max_runtime_s
+            else "no limit"
+        ),
         "idle leases reclaimed after "
-        + (_dur(w.lease_idle_timeout_s) if w.lease_idle_timeout_s else "never (no timeout)"),
+        + (
+            format_duration_s(w.lease_idle_timeout_s)
+            if w.lease_idle_timeout_s
+            else "never (no timeout)"
+        ),
         "batch jobs "
         + ("may be preempted for waiting leases" if w.preempt_batch else "are not preempted"),
         "batch jobs "
@@ -334,17 +335,18 @@ def window_rules(w: Window) -> list[str]:
     ]
 
 
-def window_dict(active: ActiveWindow) -> dict[str, object]:
-    """The window in force as JSON-ready data: name, rules, since, until, next."""
+def window_view(active: ActiveWindow) -> api.Window:
+    """The window in force as the API shows it: name, rules, since, until, next."""
     w = active.window
-    return {
-        "name": w.name,
-        "applies": describe_window(w),
-        "since": active.since.isoformat() if active.since else None,
-        "until": active.until.isoformat() if active.until else None,
-        "next_window": active.next_window_name,
+    return api.Window(
+        name=w.name,
+        applies=describe_window(w),
+        since=active.since,
+        until=active.until,
+        next_window=active.next_window_name,
+        rules=window_rules(w),
         **rule_values(w),
-    }
+    )
 
 
 def rule_values(w: Window) -> dict[str, Any]:
@@ -355,15 +357,15 @@ def rule_values(w: Window) -> dict[str, Any]:
 _WHEN_FIELDS = ("name", "days", "start", "end")
 
 
-def policy_view(config: PolicyConfig, now: datetime) -> dict[str, object]:
-    """The explanation as JSON-ready data (for the API and ``--json``)."""
-    return {
-        "at": _aware(now).isoformat(),
-        "timezone": config.timezone,
-        "local_time": _fmt_local(now, config.tz),
-        "window": window_dict(resolve_window(config, now)),
-        "explanation": explain(config, now),
-    }
+def policy_view(config: PolicyConfig, now: datetime) -> api.PolicyView:
+    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it."""
+    return api.PolicyView(
+        at=_aware(now),
+        timezone=config.timezone,
+        local_time=_fmt_local(now, config.tz),
+        window=window_view(resolve_window(config, now)),
+        explanation=explain(config, now),
+    )
 
 
 def explain(config: PolicyConfig, now: datetime) -> str:
@@ -391,21 +393,20 @@ def explain(config: PolicyConfig, now: datetime) -> str:
     )
     extra = f" ({len(config.quotas)} users with their own quota)" if config.quotas else ""
     lines.append(f"  - default quota: {quota}{extra}")
-    lines.append(f"  - fair share: usage half-life {_dur(config.fairshare_half_life_s)}")
+    lines.append(
+        f"  - fair share: usage half-life {format_duration_s(config.fairshare_half_life_s)}"
+    )
     if active.until is None:
         lines.append("next change: none (this window is always in force)")
     else:
         nxt = next((x for x in config.windows if x.name == active.next_window_name), OPEN_WINDOW)
         lines.append(
             f"next change: '{nxt.name}' from {_fmt_local(active.until, tz)} "
-            f"(in {_dur_human((active.until - _aware(now)).total_seconds())})"
+            f"(in {format_duration_s(_minutes(active.until - _aware(now)))})"
         )
     return "\n".join(lines)
 
 
-def _dur_human(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    d, rem = divmod(minutes, 1440)
-    h, m = divmod(rem, 60)
-    parts = [f"{d}d" if d else "", f"{h}h" if h else "", f"{m}min" if m or not (d or h) else ""]
-    return " ".join(p for p in parts if p)
+def _minutes(delta: timedelta) -> int:
+    """A time span to the minute below, in seconds: "in 2d3h5m", not "in 2d3h5m17.2s"."""
+    return int(delta.total_seconds() // 60) * 60

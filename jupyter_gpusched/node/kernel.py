@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from jupyter_gpusched.core.units import format_duration_s
+
 #: The ports of a kernel connection, in the order jupyter_client lists them.
 PORT_KEYS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 #: Environment variable of a lease: the directory the remote kernel should work in, if the
@@ -94,7 +96,9 @@ def wait_connection(path: str, timeout_s: float) -> dict[str, Any]:
         except (OSError, ValueError):
             pass  # not there yet, or half written
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"no kernel connection file {path} after {timeout_s:g} s")
+            raise TimeoutError(
+                f"no kernel connection file {path} after {format_duration_s(timeout_s)}"
+            )
         time.sleep(0.02)
 
 

@@ -30,6 +30,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from jupyter_gpusched.core.units import format_duration_s
+
 #: Prefix of a progress line in a notebook job's log; the rest of the line is one JSON object.
 PROGRESS_MARK = "##gpusched-progress "
 #: Longest cell source line reported in a progress line.
@@ -222,14 +224,18 @@ class _Runner:
             loop.call_later(
                 self.job_timeout_s,
                 self.stop,
-                f"job time limit of {self.job_timeout_s:g} s reached",
+                f"job time limit of {format_duration_s(self.job_timeout_s)} reached",
                 EXIT_JOB_TIMEOUT,
             )
         self._task = asyncio.ensure_future(client.async_execute())
         try:
             await self._task
         except CellTimeoutError as exc:
-            self._fail(f"cell timed out after {self.cell_timeout_s:g} s", exc, "CellTimeoutError")
+            self._fail(
+                f"cell timed out after {format_duration_s(self.cell_timeout_s or 0)}",
+                exc,
+                "CellTimeoutError",
+            )
             return EXIT_CELL_FAILED
         except CellExecutionError as exc:
             self._fail(str(exc.evalue or ""), exc, exc.ename or "CellExecutionError")

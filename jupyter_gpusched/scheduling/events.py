@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from jupyter_gpusched.core import api
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.models import Job
@@ -26,8 +27,8 @@ class EventHub:
         store: Store,
         clock: Clock,
         *,
-        cluster: Callable[[], dict[str, Any]],
-        job: Callable[[Job], dict[str, Any]],
+        cluster: Callable[[], api.Cluster],
+        job: Callable[[Job], api.JobView],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -49,7 +50,7 @@ class EventHub:
 
     async def subscribe(
         self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[api.EventMessage]:
         """Stored events after ``after_id`` (-1: only new ones), then new ones as they happen.
 
         Unless ``cluster_every_s`` is None, a ``cluster`` message with the whole cluster view
@@ -69,11 +70,11 @@ class EventHub:
                 batch = self._store.list_events(after_id=last, limit=500)
                 for event in batch:
                     last = event.id
-                    payload = event.model_dump(mode="json")
+                    job = None
                     if event.job_id is not None:
                         with contextlib.suppress(GpuSchedError):
-                            payload["job"] = self._job(self._store.get_job(event.job_id))
-                    yield payload
+                            job = self._job(self._store.get_job(event.job_id))
+                    yield api.EventMessage(**dict(event), job=job)
                 if len(batch) < 500:
                     break
             if cluster_every_s is not None and cluster_key != self._key:
@@ -81,10 +82,10 @@ class EventHub:
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
                 cluster_key, cluster_at = self._key, loop.time()
-                yield {
-                    "id": None,
-                    "kind": "cluster",
-                    "at": self._clock.now().isoformat(),
-                    "job_id": None,
-                    "cluster": self._cluster(),
-                }
+                yield api.EventMessage(
+                    id=None,
+                    kind="cluster",
+                    at=self._clock.now(),
+                    job_id=None,
+                    cluster=self._cluster(),
+                )

@@ -27,6 +27,7 @@ from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, GpuSchedError, NodeRefusedError
 from jupyter_gpusched.core.models import Job, JobKind, JobState
+from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.store.store import Store
 
 from .tracking import JobTracker
@@ -167,6 +168,6 @@ class Launcher:
                 started_at=None,
                 reason=(
                     f"could not start on {node} (try {failures} of {self.max_failures}): "
-                    f"{message}; trying again in {pause_s:g} s"
+                    f"{message}; trying again in {format_duration_s(pause_s)}"
                 ),
             )

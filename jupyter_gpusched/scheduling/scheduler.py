@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import policy, windows
+from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
@@ -33,6 +33,7 @@ from jupyter_gpusched.core.models import (
     JobState,
     PriorityClass,
 )
+from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
 from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
@@ -42,7 +43,7 @@ from .events import EventHub
 from .launching import Launcher
 from .placing import Placing
 from .tracking import JobTracker, launched
-from .views import ClusterSnapshot, cluster_view, job_view
+from .views import ClusterSnapshot, cluster_view
 
 log = logging.getLogger(__name__)
 
@@ -336,14 +337,18 @@ class Scheduler(Placing):
             if deadline and now >= datetime.fromisoformat(deadline):
                 limit = job.handle.get("limit_s", 0)
                 stops.append(
-                    self.tracker.stop(job, "timeout", f"max runtime {_fmt_s(limit)} reached")
+                    self.tracker.stop(
+                        job, "timeout", f"max runtime {format_duration_s(limit)} reached"
+                    )
                 )
             elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
                 job, active.window, now
             ):
                 idle = active.window.lease_idle_timeout_s or 0.0
                 stops.append(
-                    self.tracker.stop(job, "idle", f"lease idle for {_fmt_s(idle)}: reclaimed")
+                    self.tracker.stop(
+                        job, "idle", f"lease idle for {format_duration_s(idle)}: reclaimed"
+                    )
                 )
         await asyncio.gather(*stops)
 
@@ -388,9 +393,9 @@ class Scheduler(Placing):
         """A page of jobs and the total matching the filters."""
         return self.store.list_jobs(**filters)
 
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job) -> api.JobView:
         """The API's JSON for a job, with its queue position."""
-        return job_view(job, self._positions.get(job.id))
+        return api.JobView.of(job, self._positions.get(job.id))
 
     def _check_owner(self, job: Job, user: str, admin: bool) -> None:
         if user != job.user and not admin and user not in self.admins:
@@ -502,18 +507,13 @@ class Scheduler(Placing):
             now=now,
         )
 
-    def cluster_view(self) -> dict[str, Any]:
-        """The API's cluster JSON: nodes, GPUs with state and owner, metrics, window."""
+    def cluster_view(self) -> api.Cluster:
+        """The API's cluster: nodes, GPUs with state and owner, metrics, window."""
         return cluster_view(self.snapshot())
 
-    def policy_view(self, at: datetime | None = None) -> dict[str, Any]:
+    def policy_view(self, at: datetime | None = None) -> api.PolicyView:
         """Which rules hold at ``at`` (default now), and why."""
-        when = at or self.clock.now()
-        active = windows.resolve_window(self.policy, when)
-        return {
-            "window": windows.window_dict(active),
-            "explanation": windows.explain(self.policy, when),
-        }
+        return windows.policy_view(self.policy, at or self.clock.now())
 
     async def notify(self) -> None:
         """Wake event subscribers now (e.g. after writing an event outside a tick)."""
@@ -526,7 +526,7 @@ class Scheduler(Placing):
 
     def subscribe(
         self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[api.EventMessage]:
         """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
         return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
 
@@ -537,10 +537,3 @@ def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:
         (n.name, n.up, tuple((g.index, round(g.mem_used_mb), len(g.processes)) for g in n.gpus))
         for n in nodes
     )
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"

@@ -32,6 +32,8 @@ from .config import GpuSchedPolicy
 #: The built-in features (entry points of the ``jupyter_gpusched.plugins`` group).
 PLUGINS: tuple[str, ...] = ("leases", "notebooks")
 
+#: The package's logger: every module logs under it (``logging.getLogger(__name__)``).
+PACKAGE_LOG = "jupyter_gpusched"
 #: Environment variables through which kernels started by this server find it again.
 URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
 _NODE_KEYS = frozenset(
@@ -150,6 +152,16 @@ class GpuSchedApp(ExtensionApp):
         klass=object,
         help="The scheduler class (dotted path); swap it to serve a different core.",
     ).tag(config=True)
+    backend_class = Type(
+        default_value="jupyter_gpusched.cluster.ssh.SshBackend",
+        klass=object,
+        help="""How jobs reach the nodes (dotted path of a class implementing
+        jupyter_gpusched.cluster.base.Backend). It is called as
+        backend_class(node_configs, clock=clock, inventory_interval_s=...), with one
+        jupyter_gpusched.cluster.ssh.NodeConfig per entry of `nodes` -- or, when `nodes` is
+        empty, per node of the embedded simulated cluster, whose nodes are loopback SSH
+        servers: the default SshBackend serves both.""",
+    ).tag(config=True)
 
     @default("store_url")
     def _default_store_url(self) -> str:
@@ -197,13 +209,10 @@ class GpuSchedApp(ExtensionApp):
 
     def initialize_settings(self) -> None:
         """Nothing runs yet: the scheduler needs the running loop (see start)."""
+        self._adopt_package_log()
         self._ready = None  # asyncio.Event, created on the server's loop
         self._sim: Any = None
         self._sync: Any = None
-        # The package's records go where the server's go, at the server's --log-level.
-        package_log = logging.getLogger("jupyter_gpusched")
-        package_log.parent = self.serverapp.log
-        package_log.setLevel(logging.NOTSET)
         self.link = self._service_link()
         self.mode = "client" if self.link else "service" if self._in_service() else "embedded"
         self.settings["gpusched_mode"] = self.mode
@@ -322,11 +331,23 @@ class GpuSchedApp(ExtensionApp):
                     await plugin.shutdown(scheduler)
             await scheduler.stop()
         await self._stop_sim()
+        logging.getLogger(PACKAGE_LOG).parent = logging.getLogger()  # this server is gone
         for name, old in getattr(self, "_saved_env", {}).items():
             if old is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
+
+    def _adopt_package_log(self) -> None:
+        """Make the package's logger a child of the server's.
+
+        Its records (a "scheduler tick failed" traceback) then go through the server's
+        handlers -- its format, its ``--log-level``, its log file -- not around them.
+        """
+        package = logging.getLogger(PACKAGE_LOG)
+        package.parent = self.serverapp.log
+        package.propagate = True
+        package.setLevel(logging.NOTSET)  # the server's level decides
 
     def _ready_event(self) -> asyncio.Event:
         if self._ready is None:
@@ -334,7 +355,7 @@ class GpuSchedApp(ExtensionApp):
         return self._ready
 
     async def _build_scheduler(self) -> Any:
-        from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
+        from jupyter_gpusched.cluster.ssh import NodeConfig
         from jupyter_gpusched.store.store import Store
 
         clock = SystemClock()
@@ -351,7 +372,7 @@ class GpuSchedApp(ExtensionApp):
                 specs = tuple(SimNodeSpec(**n) for n in self.sim_nodes)
             self._sim = SimCluster(specs, base_dir=Path(self.sim_dir) if self.sim_dir else None)
             node_configs = await self._sim.start()
-        backend = SshBackend(
+        backend = self.backend_class(
             node_configs, clock=clock, inventory_interval_s=self.inventory_interval_s
         )
         policy = GpuSchedPolicy(parent=self).to_policy_config()

@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpusched.core.models import parse_duration_s
+from jupyter_gpusched.core.units import parse_duration_s
 from jupyter_gpusched.core.windows import (
     ALL_DAYS,
     DAY_NAMES,

@@ -60,7 +60,7 @@ export class GpuschedClient {
         response.status,
         body.error ?? response.statusText,
         body.message ?? `HTTP ${response.status} from ${path}`,
-        body.field
+        body.field ?? undefined
       );
     }
     return response;

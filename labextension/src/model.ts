@@ -253,11 +253,11 @@ export function formatClock(iso: string, nowMs: number): string {
 }
 
 /** One line on the window in force: `day window until 20:00, then night`. */
-export function windowLine(window: ICluster['window'], nowMs: number): string {
+export function windowLine(window: ICluster['window'] | null, nowMs: number): string {
   if (!window) {
     return 'no policy window';
   }
-  const next = window.next_window ?? window.next;
+  const next = window.next_window;
   let line = `${window.name} window`;
   if (window.until) {
     line += ` until ${formatClock(window.until, nowMs)}`;

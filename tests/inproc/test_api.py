@@ -328,7 +328,8 @@ def test_openapi_job_spec_lists_every_model_field():
 
     schemas = OPENAPI["components"]["schemas"]
     assert set(schemas["JobSpec"]["properties"]) == set(JobSpec.model_fields)
-    assert set(schemas["JobSubmission"]["properties"]) == set(JobSpec.model_fields) - {"user"}
+    posted = set(schemas["JobPost"]["properties"])
+    assert posted == set(JobSpec.model_fields) - {"user"} | {"uploads"}
 
 
 # ---------------------------------------------------------------------------- wiring

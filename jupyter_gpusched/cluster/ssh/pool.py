@@ -19,6 +19,7 @@ import asyncssh
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import BackendError, HostKeyError
+from jupyter_gpusched.core.units import format_duration_s
 
 from ..base import NodeInventory
 from .config import Forward, NodeConfig, RemoteResult
@@ -129,7 +130,7 @@ class NodePool:
             if wait_s > 0:
                 raise BackendError(
                     f"node {cfg.name} is unreachable ({st.last_error}); "
-                    f"next connection attempt in {wait_s:.1f} s"
+                    f"next connection attempt in {format_duration_s(round(wait_s, 1))}"
                 )
             known_hosts = cfg.known_hosts_path()
             if not os.path.isfile(known_hosts):
@@ -247,7 +248,8 @@ class NodePool:
                 done = await conn.run(line, timeout=timeout_s, encoding=encoding, **stdin)
             except asyncssh.TimeoutError:
                 raise BackendError(
-                    f"node {node}: {argv[0]} did not finish within {timeout_s} s"
+                    f"node {node}: {argv[0]} did not finish within "
+                    f"{format_duration_s(timeout_s or 0)}"
                 ) from None
         code = done.returncode if done.returncode is not None else -1
         result = RemoteResult(code, done.stdout, done.stderr)

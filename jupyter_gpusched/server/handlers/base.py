@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import datetime
 from http.client import responses
 from typing import Any
 
 from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvider
 from jupyter_server.base.handlers import APIHandler
+from pydantic import BaseModel
 from tornado import web
 
+from jupyter_gpusched.core.api import MAX_ID, Error
 from jupyter_gpusched.core.errors import (
     BadRequestError,
     GpuSchedError,
@@ -28,10 +29,6 @@ from jupyter_gpusched.server.auth import AUTH_RESOURCE
 from jupyter_gpusched.server.uploads import store_uploads, user_dir
 
 API = "gpusched/api"
-MAX_LIMIT = 1000
-MAX_LOG_CHUNK = 1 << 20
-MAX_ID = 2**63 - 1  # SQL BIGINT: larger ids cannot exist, and must not reach the store
-MAX_OFFSET = 2**53
 _SHARED_TOKEN_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
 _STATUS_NAMES = {
     401: "Unauthorized",
@@ -49,19 +46,20 @@ _HTTP_HINTS = {
 }
 
 
-def error_reply(exc: BaseException | None, status: int) -> tuple[int, dict[str, Any]]:
-    """The one table: an exception (or a bare status) -> (HTTP status, JSON error body)."""
+def error_reply(exc: BaseException | None, status: int) -> tuple[int, Error]:
+    """The one table: an exception (or a bare status) -> (HTTP status, error body)."""
     if isinstance(exc, GpuSchedError):
-        return exc.status, exc.to_json()
+        field = getattr(exc, "field", None)
+        return exc.status, Error(error=type(exc).__name__, message=exc.message, field=field)
     if isinstance(exc, web.HTTPError):
         status = exc.status_code
         message = exc.log_message % exc.args if exc.log_message and exc.args else exc.log_message
         name = _STATUS_NAMES.get(status, "HTTPError")
-        return status, {"error": name, "message": message or _HTTP_HINTS.get(status, name)}
+        return status, Error(error=name, message=message or _HTTP_HINTS.get(status, name))
     if status < 500:
         name = _STATUS_NAMES.get(status, "HTTPError")
-        return status, {"error": name, "message": _HTTP_HINTS.get(status, responses[status])}
-    return 500, {"error": "InternalError", "message": "unexpected server error; see the log"}
+        return status, Error(error=name, message=_HTTP_HINTS.get(status, responses[status]))
+    return 500, Error(error="InternalError", message="unexpected server error; see the log")
 
 
 class GpuSchedMixin:
@@ -81,7 +79,7 @@ class GpuSchedMixin:
         if status == 401:
             self.set_header("WWW-Authenticate", "token")  # type: ignore[attr-defined]
         self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
-        self.finish(json.dumps(body))  # type: ignore[attr-defined]
+        self.finish(body.model_dump_json())  # type: ignore[attr-defined]
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         """Our errors are the caller's to fix: one info line, no traceback."""
@@ -208,10 +206,11 @@ class ApiHandler(GpuSchedMixin, APIHandler):
         except RecursionError:
             raise BadRequestError("the JSON body is nested too deeply") from None
 
-    def write_json(self, data: Any, status: int = 200) -> None:
-        """Answer ``data`` as JSON."""
+    def write_model(self, body: BaseModel, status: int = 200) -> None:
+        """Answer a response model (:mod:`jupyter_gpusched.core.api`) as JSON."""
         self.set_status(status)
-        self.finish(json.dumps(data))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body.model_dump_json())
 
 
 class NoRouteHandler(ApiHandler):
@@ -221,15 +220,6 @@ class NoRouteHandler(ApiHandler):
         raise web.HTTPError(404)
 
     get = post = put = patch = delete = _no_route
-
-
-def json_default(value: Any) -> Any:
-    """JSON for datetimes and pydantic models in event payloads."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return str(value)
 
 
 def enum_arg(cls: Any, name: str, value: str) -> Any:

@@ -8,14 +8,9 @@ from importlib import resources
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from jupyter_gpusched.core.errors import (
-    InvalidSpecError,
-)
+from jupyter_gpusched.core.errors import InvalidSpecError
 
-from .base import (
-    API,
-    ApiHandler,
-)
+from .base import API, ApiHandler
 
 
 class ClusterHandler(ApiHandler):
@@ -25,7 +20,7 @@ class ClusterHandler(ApiHandler):
     @authorized
     async def get(self) -> None:
         """The cluster map as the scheduler sees it now."""
-        self.write_json((await self.scheduler()).cluster_view())
+        self.write_model((await self.scheduler()).cluster_view())
 
 
 class PolicyHandler(ApiHandler):
@@ -44,7 +39,7 @@ class PolicyHandler(ApiHandler):
                 raise InvalidSpecError("at", f"{text!r} is not an ISO 8601 time") from None
             if at.tzinfo is None:
                 raise InvalidSpecError("at", "needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
-        self.write_json(sched.policy_view(at))
+        self.write_model(sched.policy_view(at))
 
 
 class SpecHandler(ApiHandler):

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import websocket
 
-from .base import (
-    API,
-    MAX_ID,
-    GpuSchedMixin,
-    json_default,
-)
+from jupyter_gpusched.core.api import MAX_ID
+
+from .base import API, GpuSchedMixin
 
 
 class EventsHandler(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
@@ -48,7 +44,7 @@ class EventsHandler(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
     async def _relay(self) -> None:
         try:
             async for event in self._sched.subscribe(after_id=self._after):
-                await self.write_message(json.dumps(event, default=json_default))
+                await self.write_message(event.model_dump_json())
         except websocket.WebSocketClosedError:
             pass
 

@@ -3,30 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_gpusched.core.errors import (
-    ForbiddenError,
-    InvalidSpecError,
-    NotFoundError,
-)
-from jupyter_gpusched.core.models import JobKind, JobState, PriorityClass, parse_spec
-
-from .base import (
-    API,
-    ID,
+from jupyter_gpusched.core.api import (
     MAX_LIMIT,
     MAX_LOG_CHUNK,
     MAX_OFFSET,
-    ApiHandler,
-    enum_arg,
-    job_id_arg,
+    JobList,
+    JobUpdate,
+    LeaseList,
+    parse_body,
 )
+from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.models import JobKind, JobState, parse_spec
+
+from .base import API, ID, ApiHandler, enum_arg, job_id_arg
 
 
 class JobsHandler(ApiHandler):
@@ -54,7 +49,7 @@ class JobsHandler(ApiHandler):
             offset=offset,
         )
         views = [sched.job_view(j) for j in jobs]
-        self.write_json({"jobs": views, "total": total, "limit": limit, "offset": offset})
+        self.write_model(JobList(jobs=views, total=total, limit=limit, offset=offset))
 
     @web.authenticated
     @authorized
@@ -68,7 +63,7 @@ class JobsHandler(ApiHandler):
             self.take_uploads(body)
         job = sched.submit(parse_spec(body, user=self.username))
         self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
-        self.write_json(sched.job_view(job), status=201)
+        self.write_model(sched.job_view(job), status=201)
 
 
 class JobHandler(ApiHandler):
@@ -79,7 +74,7 @@ class JobHandler(ApiHandler):
     async def get(self, job_id: str) -> None:
         """The job's current record."""
         sched = await self.scheduler()
-        self.write_json(sched.job_view(sched.get_job(job_id_arg(job_id))))
+        self.write_model(sched.job_view(sched.get_job(job_id_arg(job_id))))
 
     @web.authenticated
     @authorized
@@ -87,32 +82,21 @@ class JobHandler(ApiHandler):
         """Cancel: queued jobs leave the queue, running ones are stopped."""
         sched = await self.scheduler()
         job = await sched.cancel(job_id_arg(job_id), user=self.username, admin=self.is_admin())
-        self.write_json(sched.job_view(job))
+        self.write_model(sched.job_view(job))
 
     @web.authenticated
     @authorized
     async def patch(self, job_id: str) -> None:
         """Change ``priority`` and/or ``held``."""
         sched = await self.scheduler()
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise InvalidSpecError("body", 'must be a JSON object like {"held": true}')
-        unknown = sorted(set(body) - {"priority", "held"})
-        if unknown:
-            raise InvalidSpecError(unknown[0], "unknown field; only priority and held can change")
-        if not body:
-            raise InvalidSpecError("body", "give priority and/or held")
-        changes: dict[str, Any] = {}
-        if "priority" in body:
-            if not isinstance(body["priority"], str):
-                raise InvalidSpecError("priority", "must be 'interactive' or 'batch'")
-            changes["priority"] = enum_arg(PriorityClass, "priority", body["priority"])
-        if "held" in body:
-            if not isinstance(body["held"], bool):
-                raise InvalidSpecError("held", "must be true or false")
-            changes["held"] = body["held"]
-        job = sched.update(job_id_arg(job_id), user=self.username, admin=self.is_admin(), **changes)
-        self.write_json(sched.job_view(job))
+        change = parse_body(JobUpdate, self.json_body(), '{"held": true}')
+        job = sched.update(
+            job_id_arg(job_id),
+            user=self.username,
+            admin=self.is_admin(),
+            **change.model_dump(exclude_none=True),
+        )
+        self.write_model(sched.job_view(job))
 
 
 class LogHandler(ApiHandler):
@@ -163,7 +147,7 @@ class LeasesHandler(ApiHandler):
         user = None if who == "all" else self.username if who == "me" else who
         live = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING]
         jobs, _ = sched.list_jobs(states=live, user=user, kind=JobKind.LEASE, limit=MAX_LIMIT)
-        self.write_json({"leases": [sched.job_view(j) for j in jobs]})
+        self.write_model(LeaseList(leases=[sched.job_view(j) for j in jobs]))
 
 
 class LeaseHandler(ApiHandler):
@@ -177,9 +161,8 @@ class LeaseHandler(ApiHandler):
         jid = job_id_arg(job_id)
         if sched.get_job(jid).spec.kind is not JobKind.LEASE:
             raise NotFoundError(f"job {jid} is not a lease; cancel it with DELETE jobs/{jid}")
-        self.write_json(
-            sched.job_view(await sched.cancel(jid, user=self.username, admin=self.is_admin()))
-        )
+        job = await sched.cancel(jid, user=self.username, admin=self.is_admin())
+        self.write_model(sched.job_view(job))
 
 
 handlers: list[tuple[str, type]] = [

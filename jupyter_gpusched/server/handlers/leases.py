@@ -13,6 +13,7 @@ import re
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from jupyter_gpusched.core.api import KernelConnection, LeaseKernel
 from jupyter_gpusched.core.errors import ConflictError, ForbiddenError, NotFoundError
 from jupyter_gpusched.core.models import TERMINAL_STATES, JobKind, JobState
 from jupyter_gpusched.leases.bridge import bridge_for
@@ -53,8 +54,12 @@ class LeaseKernelHandler(ApiHandler):
             )
         connection, generation = await bridge_for(sched).connection(job)
         job = sched.touch(job.id)
-        self.write_json(
-            {"connection": connection, "lease": sched.job_view(job), "generation": generation}
+        self.write_model(
+            LeaseKernel(
+                connection=KernelConnection(**connection),
+                lease=sched.job_view(job),
+                generation=generation,
+            )
         )
 
 

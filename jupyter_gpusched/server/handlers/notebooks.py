@@ -15,16 +15,22 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from jupyter_gpusched.batch.definitions import Definition
 from jupyter_gpusched.batch.notebooks import NotebookPlugin, plugin_for
 from jupyter_gpusched.batch.requests import build_submission, parse_request
+from jupyter_gpusched.core.api import (
+    MAX_ID,
+    MAX_LIMIT,
+    MAX_OFFSET,
+    DefinitionList,
+    DefinitionUpdate,
+    NotebookSubmitted,
+    parse_body,
+)
 from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
 
 from ..outputs import output_path
 from ..uploads import store_notebook
-from .base import API, MAX_ID, MAX_LIMIT, ApiHandler, job_id_arg
-
-_PATCHABLE = frozenset({"paused", "schedule", "timezone", "catch_up", "name"})
+from .base import API, ApiHandler, job_id_arg
 
 
 def _definition_id(text: str) -> int:
@@ -33,11 +39,6 @@ def _definition_id(text: str) -> int:
             f"definition {text} does not exist; list them with GET gpusched/api/definitions"
         )
     return int(text)
-
-
-def definition_json(definition: Definition) -> dict[str, Any]:
-    """A definition as the API shows it."""
-    return definition.model_dump(mode="json")
 
 
 class _NotebookApi(ApiHandler):
@@ -96,13 +97,8 @@ class NotebooksHandler(_NotebookApi):
         else:
             where = url_path_join(self.base_url, API, "definitions", str(definition.id))
         self.set_header("Location", where)
-        self.write_json(
-            {
-                "job": None if job is None else plugin.scheduler.job_view(job),
-                "definition": None if definition is None else definition_json(definition),
-            },
-            status=201,
-        )
+        view = None if job is None else plugin.scheduler.job_view(job)
+        self.write_model(NotebookSubmitted(job=view, definition=definition), status=201)
 
 
 class DefinitionsHandler(_NotebookApi):
@@ -117,16 +113,9 @@ class DefinitionsHandler(_NotebookApi):
         if user == "me":
             user = self.username
         limit = self.query_int("limit", 100, 0, MAX_LIMIT)
-        offset = self.query_int("offset", 0, 0, 2**53)
+        offset = self.query_int("offset", 0, 0, MAX_OFFSET)
         items, total = plugin.definitions.list(user=user or None, limit=limit, offset=offset)
-        self.write_json(
-            {
-                "definitions": [definition_json(d) for d in items],
-                "total": total,
-                "limit": limit,
-                "offset": offset,
-            }
-        )
+        self.write_model(DefinitionList(definitions=items, total=total, limit=limit, offset=offset))
 
     @web.authenticated
     @authorized
@@ -137,7 +126,7 @@ class DefinitionsHandler(_NotebookApi):
         self.set_header(
             "Location", url_path_join(self.base_url, API, "definitions", str(definition.id))
         )
-        self.write_json(definition_json(definition), status=201)
+        self.write_model(definition, status=201)
 
 
 class DefinitionHandler(_NotebookApi):
@@ -148,7 +137,7 @@ class DefinitionHandler(_NotebookApi):
     async def get(self, definition_id: str) -> None:
         """The definition with its latest firings."""
         plugin = await self.plugin()
-        self.write_json(definition_json(plugin.definitions.get(_definition_id(definition_id))))
+        self.write_model(plugin.definitions.get(_definition_id(definition_id)))
 
     @web.authenticated
     @authorized
@@ -156,24 +145,15 @@ class DefinitionHandler(_NotebookApi):
         """Change ``paused``, ``schedule``, ``timezone``, ``catch_up`` or ``name``."""
         plugin = await self.plugin()
         def_id = _definition_id(definition_id)
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise InvalidSpecError("body", 'must be a JSON object like {"paused": true}')
-        unknown = sorted(set(body) - _PATCHABLE)
-        if unknown:
-            raise InvalidSpecError(unknown[0], f"unknown field; one of {sorted(_PATCHABLE)}")
-        if not body:
-            raise InvalidSpecError("body", f"give at least one of {sorted(_PATCHABLE)}")
-        if "paused" in body and not isinstance(body["paused"], bool):
-            raise InvalidSpecError("paused", "must be true or false")
-        for key in ("schedule", "timezone", "catch_up", "name"):
-            if key in body and not isinstance(body[key], str):
-                raise InvalidSpecError(key, "must be a string")
+        change = parse_body(DefinitionUpdate, self.json_body(), '{"paused": true}')
         plugin.definitions.get(def_id)  # 404 before 403
         definition = plugin.definitions.update(
-            def_id, user=self.username, admin=self.is_admin(), **body
+            def_id,
+            user=self.username,
+            admin=self.is_admin(),
+            **change.model_dump(exclude_none=True),
         )
-        self.write_json(definition_json(definition))
+        self.write_model(definition)
 
     @web.authenticated
     @authorized
@@ -183,7 +163,7 @@ class DefinitionHandler(_NotebookApi):
         definition = plugin.definitions.delete(
             _definition_id(definition_id), user=self.username, admin=self.is_admin()
         )
-        self.write_json(definition_json(definition))
+        self.write_model(definition)
 
 
 class JobOutputHandler(_NotebookApi):

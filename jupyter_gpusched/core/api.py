@@ -1,0 +1,386 @@
+"""The REST and websocket API's bodies: the one definition of each contract.
+
+The server builds these models and dumps them at the HTTP edge; the client
+(:class:`jupyter_gpusched.client.api.GpuSchedClient`) reads its answers back into them; the
+OpenAPI file is generated from them (``python -m jupyter_gpusched.server.openapi``) and the lab
+panel's TypeScript types from that file. A model whose schema name differs from its Python
+name says so in ``title`` (``JobView`` is the API's ``Job``).
+
+Request bodies reuse :mod:`.models`: ``POST jobs`` takes a :class:`~.models.JobSubmission`,
+notebook requests take the same :class:`~.models.JobRequirements` fields.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from .errors import InvalidSpecError
+from .models import (
+    Job,
+    JobKind,
+    JobRecord,
+    JobRequirements,
+    JobSpec,
+    JobState,
+    JobSubmission,
+    PriorityClass,
+    invalid_field,
+)
+
+#: Most items one list request answers.
+MAX_LIMIT = 1000
+#: Most bytes one log request answers.
+MAX_LOG_CHUNK = 1 << 20
+#: Largest list or log offset (JSON's exact integers).
+MAX_OFFSET = 2**53
+#: Largest job or definition id (SQL BIGINT).
+MAX_ID = 2**63 - 1
+
+#: GPU states every client shows, in the order of the legend.
+GpuState = Literal["free", "interactive", "batch", "foreign", "down"]
+CatchUp = Literal["skip", "once"]
+
+
+class Body(BaseModel):
+    """Base of the response bodies: every field is always sent (required in the schema)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+class Error(Body):
+    """Every error answer: which error, what to fix, and the field to blame if one is."""
+
+    error: str = Field(description="exception class, e.g. InvalidSpecError")
+    message: str = Field(min_length=1, description="what went wrong and what to fix")
+    field: str | None = Field(None, description="the request field to fix, when one is to blame")
+
+
+# ------------------------------------------------------------------------------------ jobs
+
+
+class JobView(JobRecord):
+    """A job as the API shows it: its record plus owner, queue position and effective class."""
+
+    model_config = ConfigDict(title="Job")
+
+    user: str = Field(description="the owner")
+    position: int | None = Field(None, ge=1, description="1-based queue position while queued")
+    priority_class: PriorityClass = Field(description="explicit priority, else by kind")
+
+    @classmethod
+    def of(cls, job: Job, position: int | None = None) -> JobView:
+        """The view of a stored job (no validation: the job was checked when stored)."""
+        return cls.model_construct(
+            **dict(job),
+            user=job.user,
+            position=position,
+            priority_class=job.spec.priority_class,
+        )
+
+
+class JobList(Body):
+    """One page of jobs and how many match in all."""
+
+    jobs: list[JobView]
+    total: int = Field(ge=0)
+    limit: int
+    offset: int
+
+
+class JobUpdate(BaseModel):
+    """``PATCH jobs/{id}``: change the priority class and/or hold a queued job (null: keep)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    priority: PriorityClass | None = None
+    held: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> JobUpdate:
+        if not self.model_fields_set:
+            raise ValueError("give priority and/or held")
+        return self
+
+
+class LeaseList(Body):
+    """The caller's live leases."""
+
+    leases: list[JobView]
+
+
+class KernelConnection(Body):
+    """A Jupyter connection file's fields, with the ports forwarded to the server's loopback."""
+
+    model_config = ConfigDict(extra="allow")
+
+    transport: str
+    ip: str
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+    key: str
+    signature_scheme: str
+
+
+class LeaseKernel(Body):
+    """How the lease's owner reaches its remote kernel."""
+
+    connection: KernelConnection
+    lease: JobView
+    generation: int = Field(ge=0, description="grows each time the ports were forwarded again")
+
+
+# ------------------------------------------------------------------------------------ cluster
+
+
+class GpuJob(Body):
+    """One job holding (part of) a GPU."""
+
+    id: int
+    user: str
+    kind: JobKind
+    priority_class: PriorityClass
+    share: float = Field(description="share of the GPU the job holds")
+
+
+class Gpu(Body):
+    """One GPU of the cluster map."""
+
+    index: int
+    uuid: str
+    model: str
+    mem_total_gb: float
+    mem_used_gb: float = Field(description="measured, or reserved by jobs if more")
+    util_pct: float
+    state: GpuState
+    share_used: float = Field(ge=0, le=1)
+    nvlink_peers: list[int] = Field(description="indices of GPUs reachable over NVLink")
+    jobs: list[GpuJob]
+
+
+class Node(Body):
+    """One node of the cluster map."""
+
+    name: str
+    up: bool
+    error: str | None = Field(description="why the node is down")
+    cpus: float
+    mem_gb: float
+    gpus: list[Gpu]
+
+
+class Metrics(Body):
+    """Fragmentation and capacity figures (shares are of the GPUs on up nodes)."""
+
+    allocated_share: float
+    unallocated_share: float
+    free_nodes_by_size: dict[str, int] = Field(
+        description="GPUs per node -> nodes with every GPU wholly free"
+    )
+    largest_placeable_gpus: int = Field(description="most whole free GPUs on one up node")
+    frag_ratio: float = Field(description="share of the free capacity the job mix cannot use")
+    gpus_total: int
+    gpus_free: int
+
+
+class Window(Body):
+    """The policy window in force, its rules by name and in words."""
+
+    name: str
+    applies: str = Field(description="when it applies, e.g. 'Mon-Fri 08:00-20:00'")
+    since: datetime | None
+    until: datetime | None
+    next_window: str | None = Field(description="the window that follows at `until`")
+    interactive_reserved_share: float
+    interactive_max_share: float
+    batch_max_runtime_s: float | None
+    lease_idle_timeout_s: float | None
+    preempt_batch: bool
+    migrate_batch: bool
+    interactive_first: bool
+    rules: list[str] = Field(description="the rules, one line each, in words")
+
+
+class QueueCounts(Body):
+    """How many jobs wait and run."""
+
+    queued: int
+    running: int
+
+
+class Cluster(Body):
+    """Nodes and GPUs with their state and holders, fragmentation figures, the window."""
+
+    nodes: list[Node]
+    metrics: Metrics
+    window: Window
+    queue: QueueCounts
+    at: datetime
+
+
+class PolicyView(Body):
+    """Which rules hold at a time, and why."""
+
+    model_config = ConfigDict(title="Policy")
+
+    at: datetime
+    timezone: str
+    local_time: str
+    window: Window
+    explanation: str = Field(description="multi-line, for people")
+
+
+class EventMessage(Body):
+    """One websocket message: a stored event (with its job), or a ``cluster`` update."""
+
+    model_config = ConfigDict(title="Event")
+
+    id: int | None = Field(description="stored event id; null for cluster messages")
+    at: datetime
+    kind: str = Field(description="submitted, state, updated, node, cluster, ...")
+    job_id: int | None
+    from_state: JobState | None = None
+    to_state: JobState | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+    job: JobView | None = None
+    cluster: Cluster | None = None
+
+
+# ------------------------------------------------------------------------------------ notebooks
+
+
+class FileUpload(BaseModel):
+    """A file sent with a job, for a server that cannot read the submitter's files itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="relative path the file is staged at, e.g. 'data/x.csv'")
+    content_base64: str = Field(description="the file's bytes, base64-encoded")
+    mode: int = Field(0o600, ge=0, le=0o7777, description="Unix mode bits (the owner's are kept)")
+
+
+class JobPost(JobSubmission):
+    """``POST jobs``: a job, and the files it stages sent as content.
+
+    A user's Jupyter server in client mode reads the ``files`` its user names (inside their
+    root only) and sends them as ``uploads``: the lab-wide service reads no paths.
+    """
+
+    uploads: list[FileUpload] | None = Field(
+        None, description="files staged beside the job, instead of `files` paths"
+    )
+
+
+class NotebookSubmission(JobRequirements):
+    """``POST notebooks`` (and ``POST definitions``): a notebook to run, with when and how."""
+
+    notebook: str = Field(description="path under the server root (or absolute inside it)")
+    content: dict[str, Any] | None = Field(
+        None,
+        description="the notebook itself (nbformat JSON), kept by the lab-wide service under "
+        "`notebook` in the caller's directory; users' servers send it",
+    )
+    at: str = Field("now", description="now | tonight | a window name | ISO time | cron")
+    schedule: str | None = Field(None, description="cron expression (a recurring definition)")
+    timezone: str | None = Field(None, description="of the cron / a naive ISO time")
+    catch_up: CatchUp = Field("skip", description="after downtime: skip missed firings, or once")
+    paused: bool = Field(False, description="store a definition paused")
+    cell_timeout_s: float | None = Field(None, gt=0, description="stop a cell after this long")
+    retry_backoff_s: float = Field(
+        60.0, ge=0, description="a failed run with retries is submitted again after this x 2^n"
+    )
+    cwd: str | None = Field(None, description="working directory of the kernel on the node")
+
+
+class DefinitionRun(Body):
+    """A firing: when it was due, when it fired, which job it made."""
+
+    fire_at: datetime = Field(description="when it was due")
+    fired_at: datetime
+    job_id: int
+    caught_up: bool = Field(False, description="a late run standing for missed firings")
+
+
+class Definition(Body):
+    """A recurring notebook job."""
+
+    id: int
+    name: str | None = None
+    user: str
+    schedule: str = Field(description="cron expression, e.g. '0 2 * * *', or @daily/@hourly")
+    timezone: str = Field(description="IANA timezone the schedule is read in")
+    catch_up: CatchUp = Field(description="after downtime: 'skip' missed firings or run 'once'")
+    paused: bool = False
+    spec: JobSpec
+    next_fire_at: datetime | None = None
+    last_fired_at: datetime | None = None
+    last_job_id: int | None = None
+    fire_count: int = Field(0, ge=0)
+    created_at: datetime
+    updated_at: datetime
+    runs: list[DefinitionRun] = Field(default_factory=list, description="latest firings first")
+
+
+class DefinitionList(Body):
+    """One page of definitions and how many match in all."""
+
+    definitions: list[Definition]
+    total: int = Field(ge=0)
+    limit: int
+    offset: int
+
+
+class DefinitionUpdate(BaseModel):
+    """``PATCH definitions/{id}``: pause, resume, reschedule or rename (null: keep)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    paused: StrictBool | None = None
+    schedule: StrictStr | None = None
+    timezone: StrictStr | None = None
+    catch_up: CatchUp | None = None
+    name: StrictStr | None = Field(None, max_length=200)
+
+    @model_validator(mode="after")
+    def _some(self) -> DefinitionUpdate:
+        if not self.model_fields_set:
+            raise ValueError(f"give at least one of {sorted(type(self).model_fields)}")
+        return self
+
+
+class NotebookSubmitted(Body):
+    """Answer of ``POST notebooks``: the queued job, or the stored definition (cron)."""
+
+    job: JobView | None
+    definition: Definition | None
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], data: Any, example: str) -> M:
+    """A request body as ``model``, or :class:`InvalidSpecError` naming the field to fix."""
+    if not isinstance(data, dict):
+        raise InvalidSpecError("body", f"must be a JSON object like {example}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_field(exc) from None

@@ -1,0 +1,349 @@
+"""The API's routes as documented: paths, methods, bodies, status codes, query arguments.
+
+:mod:`.openapi` turns this table and the models of :mod:`jupyter_gpusched.core.api` into the
+OpenAPI file; a test checks it lists exactly the routes the handlers serve. Imports no
+tornado, so generating the file needs no server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from jupyter_gpusched.core import api
+
+#: Every path lies under the server's base URL plus this.
+PREFIX = "/gpusched/api"
+
+#: Error status -> (shared response name, when it happens).
+ERRORS: dict[int, tuple[str, str]] = {
+    400: ("BadRequest", "The body could not be read (not JSON)."),
+    401: ("Unauthorized", "No valid token or cookie."),
+    403: ("Forbidden", "Not the job's owner nor an admin, or not authorized for this resource."),
+    404: ("NotFound", "No such job, lease or definition (or not a lease)."),
+    409: ("Conflict", "The job's state forbids the change (e.g. it already finished)."),
+    422: ("Invalid", "A field or query argument is invalid, or the job can never fit."),
+    502: ("Unreachable", "A node could not be reached."),
+    503: ("Unavailable", "The scheduler has not started (yet)."),
+}
+
+#: Schemas not reached from a route but part of the API (the events websocket's messages).
+EXTRA_MODELS: tuple[type[BaseModel], ...] = (api.EventMessage,)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One query argument."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """One method of a path: what it takes, what it answers, which errors it may answer."""
+
+    method: str
+    operation_id: str
+    summary: str
+    response: type[BaseModel] | str  # a model (JSON), or a media type answering text
+    errors: tuple[int, ...]
+    ok: int = 200
+    ok_description: str = "OK."
+    body: type[BaseModel] | None = None
+    query: tuple[Param, ...] = ()
+    description: str | None = None
+    location: str | None = None  # 201: what the Location header names
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path under ``PREFIX`` (``{name}`` marks an id in the path) and its methods."""
+
+    path: str
+    ops: tuple[Op, ...]
+
+
+def int_schema(lo: int, hi: int | None = None, default: int | None = None) -> dict[str, Any]:
+    """An integer's JSON schema: at least ``lo``, at most ``hi``."""
+    schema: dict[str, Any] = {"type": "integer", "minimum": lo}
+    if hi is not None:
+        schema["maximum"] = hi
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+_USER = Param("user", {"type": "string"}, "Owner's name, or `me` for the caller.")
+_PAGE = (
+    Param("limit", int_schema(0, api.MAX_LIMIT, 100)),
+    Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
+)
+_READ, _WRITE = (401, 403, 503), (400, 401, 403, 422, 503)
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "/jobs",
+        (
+            Op(
+                "get",
+                "listJobs",
+                "List jobs (oldest first), filtered by state, user and kind.",
+                api.JobList,
+                (*_READ, 422),
+                ok_description="One page of jobs and how many match in all.",
+                query=(
+                    Param(
+                        "state",
+                        {"type": "string"},
+                        "Comma-separated states, e.g. `queued,running`.",
+                    ),
+                    _USER,
+                    Param("kind", {"$ref": "#/components/schemas/JobKind"}),
+                    *_PAGE,
+                ),
+            ),
+            Op(
+                "post",
+                "submitJob",
+                "Submit a job as the caller (the server sets `user`).",
+                api.JobView,
+                _WRITE,
+                ok=201,
+                ok_description="Queued.",
+                body=api.JobPost,
+                location="the new job, `{base_url}gpusched/api/jobs/{id}`",
+            ),
+        ),
+    ),
+    Route(
+        "/jobs/{job_id}",
+        (
+            Op("get", "getJob", "One job.", api.JobView, (*_READ, 404)),
+            Op(
+                "delete",
+                "cancelJob",
+                "Cancel a queued job or stop a running one (owner or admin).",
+                api.JobView,
+                (*_READ, 404, 409, 502),
+                ok_description="The cancelled job.",
+            ),
+            Op(
+                "patch",
+                "updateJob",
+                "Change a job's priority class or hold it (owner or admin).",
+                api.JobView,
+                (*_WRITE, 404, 409),
+                ok_description="The changed job.",
+                body=api.JobUpdate,
+            ),
+        ),
+    ),
+    Route(
+        "/jobs/{job_id}/output",
+        (
+            Op(
+                "get",
+                "getJobOutput",
+                "A notebook job's executed notebook or log, as a download (owner or admin).",
+                "application/octet-stream",
+                (*_READ, 404, 422),
+                ok_description="The file's bytes (`Content-Disposition: attachment`).",
+                query=(
+                    Param(
+                        "part",
+                        {"type": "string", "enum": ["notebook", "log"], "default": "notebook"},
+                    ),
+                ),  # fmt: skip
+            ),
+        ),
+    ),
+    Route(
+        "/jobs/{job_id}/log",
+        (
+            Op(
+                "get",
+                "readJobLog",
+                "The job's combined stdout and stderr.",
+                "text/plain",
+                (*_READ, 404, 422, 502),
+                ok_description="Log bytes; `X-Log-Offset` is the offset of the next unread byte.",
+                description="Without `follow`, answers the bytes from `offset` (at most `limit`) "
+                "and the offset to ask for next in `X-Log-Offset`. With `follow=1` streams "
+                "(chunked) until the job ends.",
+                query=(
+                    Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
+                    Param("limit", int_schema(1, api.MAX_LOG_CHUNK, 65536)),
+                    Param("follow", {"type": "string", "enum": ["0", "1", "true", "false"]}),
+                ),
+            ),
+        ),
+    ),
+    Route(
+        "/leases",
+        (
+            Op(
+                "get",
+                "listLeases",
+                "The caller's live leases; admins may pass `user=all` or a name.",
+                api.LeaseList,
+                (*_READ, 422),
+                ok_description="Queued, starting and running leases.",
+                query=(Param("user", {"type": "string", "default": "me"}),),
+            ),
+        ),
+    ),
+    Route(
+        "/leases/{job_id}",
+        (
+            Op(
+                "delete",
+                "releaseLease",
+                "Release a lease (cancel it); its remote kernel is shut down.",
+                api.JobView,
+                (*_READ, 404, 409, 502),
+                ok_description="The released lease.",
+            ),
+        ),
+    ),
+    Route(
+        "/leases/{job_id}/kernel",
+        (
+            Op(
+                "get",
+                "getLeaseKernel",
+                "Connection to the lease's remote kernel, forwarded to this server's loopback.",
+                api.LeaseKernel,
+                (*_READ, 404, 409, 502),
+                description="Only the lease's owner (or an admin) may read it; reading counts "
+                "as activity on the lease, postponing its idle reclaim. `generation` grows each "
+                "time the ports had to be forwarded again (after a dropped SSH connection): "
+                "clients reconnect when it changes.",
+            ),
+        ),
+    ),
+    Route(
+        "/cluster",
+        (
+            Op(
+                "get",
+                "getCluster",
+                "Nodes and GPUs with their state and holders, fragmentation figures, the window.",
+                api.Cluster,
+                _READ,
+            ),
+        ),
+    ),
+    Route(
+        "/policy",
+        (
+            Op(
+                "get",
+                "getPolicy",
+                "The policy window in force at `at` (default now), explained in words.",
+                api.PolicyView,
+                (*_READ, 422),
+                query=(
+                    Param(
+                        "at",
+                        {"type": "string"},
+                        "ISO 8601 time with a timezone, e.g. `2026-11-23T22:00:00+01:00`.",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    Route(
+        "/openapi.yaml",
+        (
+            Op(
+                "get",
+                "getOpenApi",
+                "This file.",
+                "application/yaml",
+                (401, 403),
+                ok_description="The OpenAPI description of this API.",
+            ),
+        ),
+    ),
+    Route(
+        "/notebooks",
+        (
+            Op(
+                "post",
+                "submitNotebook",
+                "Run a notebook as a batch job now, later, or on a cron schedule.",
+                api.NotebookSubmitted,
+                (*_WRITE, 404),
+                ok=201,
+                ok_description="Queued (`job`) or scheduled (`definition`).",
+                body=api.NotebookSubmission,
+                location="the new job or definition",
+                description="`at` is `now`, `tonight` (the next policy window that lets batch "
+                "jobs run without a time limit; `night` is a synonym), a window name, an ISO "
+                "time (naive = `timezone`), or a cron expression such as `0 2 * * *`, which "
+                "stores a recurring definition instead of a job. The notebook path is relative "
+                "to the server's root directory (or absolute inside it). The executed notebook "
+                "and its log come back beside the input as `<stem>-<UTC start>-job<id>.ipynb` / "
+                "`.log` (labels `output_notebook`, `output_log`).",
+            ),
+        ),
+    ),
+    Route(
+        "/definitions",
+        (
+            Op(
+                "get",
+                "listDefinitions",
+                "List recurring job definitions (oldest first).",
+                api.DefinitionList,
+                (*_READ, 422),
+                ok_description="One page of definitions and how many match in all.",
+                query=(_USER, *_PAGE),
+            ),
+            Op(
+                "post",
+                "createDefinition",
+                "Store a recurring notebook job (cron `schedule`, or a cron `at`, in `timezone`).",
+                api.Definition,
+                (*_WRITE, 404),
+                ok=201,
+                ok_description="Stored.",
+                body=api.NotebookSubmission,
+                location="the new definition",
+            ),
+        ),
+    ),
+    Route(
+        "/definitions/{definition_id}",
+        (
+            Op(
+                "get",
+                "getDefinition",
+                "One definition with its latest firings.",
+                api.Definition,
+                (*_READ, 404),
+            ),
+            Op(
+                "patch",
+                "updateDefinition",
+                "Pause, resume or reschedule a definition (owner or admin).",
+                api.Definition,
+                (*_WRITE, 404),
+                ok_description="The changed definition.",
+                body=api.DefinitionUpdate,
+            ),
+            Op(
+                "delete",
+                "deleteDefinition",
+                "Delete a definition (owner or admin); jobs it made stay.",
+                api.Definition,
+                (*_READ, 404),
+                ok_description="The deleted definition.",
+            ),
+        ),
+    ),
+)
