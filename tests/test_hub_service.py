@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users", "_lab_scenarios")
+pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
 from _fixtures_server import extension_config  # noqa: E402
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402

@@ -36,7 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jupyter_gpusched.cli.demo.DemoApp", "Run a short workload on the embedded cluster."),
     "simulate": ("jupyter_gpusched.cli.app.SimulateApp", "Replay a GPU-cluster trace."),
     "service": (
-        "jupyter_gpusched.server.service.GpuSchedService",
+        "jupyter_gpusched.cli.app.ServiceApp",
         "Run the lab-wide queue as a service ('service token USER' mints a user's token).",
     ),
 }
@@ -82,6 +82,27 @@ class SimulateApp(JupyterApp):
         except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
             code = int(exc.code or 0) if not isinstance(exc.code, str) else 2
         self.exit(code)
+
+
+class ServiceApp(JupyterApp):
+    """``jupyter gpusched service``: the lab-wide service, a server application of its own.
+
+    It is launched as the server it is (:class:`~jupyter_gpusched.server.service.
+    GpuSchedService` with its own options, config file and ``token`` subcommand), so the
+    server's own start-up and shutdown run as in ``jupyter server``.
+    """
+
+    name = "jupyter-gpusched"
+    description = "Run the lab-wide queue as a service."
+
+    def initialize(self, argv: Any = None) -> None:  # noqa: D102
+        self.argv_rest = list(sys.argv[1:] if argv is None else argv)
+
+    def start(self) -> None:  # noqa: D102
+        from jupyter_gpusched.server.service import GpuSchedService
+
+        type(self).clear_instance()  # the server is the one application singleton from here
+        GpuSchedService.launch_instance(argv=self.argv_rest)
 
 
 def main(argv: list[str] | None = None) -> int:

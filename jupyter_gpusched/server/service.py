@@ -21,7 +21,6 @@ Two ways to know who calls (``--GpuSchedService.auth``):
 from __future__ import annotations
 
 import os
-import sys
 import urllib.parse
 from typing import Any
 
@@ -138,9 +137,3 @@ class GpuSchedService(ServerApp):
                 "JupyterHub-managed service (JUPYTERHUB_SERVICE_NAME and JUPYTERHUB_API_TOKEN "
                 "are not set); add it to c.JupyterHub.services, or use auth=token"
             )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the service (``jupyter gpusched service [token USER] [--options]``)."""
-    GpuSchedService.launch_instance(argv=sys.argv[1:] if argv is None else argv)
-    return 0
