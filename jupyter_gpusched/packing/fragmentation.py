@@ -9,6 +9,11 @@ of one node, so its effect is the counts' change on those GPUs alone. For GPU sh
 fragmentation policy first weighs what a share loses for good of the GPU it lands on
 (``slot_loss``): GPU sizes priced by the fluid bin-packing LP of the mix (``slot_value``).
 
+CPUs and host memory: the mix's GPU work needs so many CPUs (and GB) per GPU-milli on
+average; a node whose free CPUs or memory fall short of what its free GPUs would need strands
+the difference (``host_stranded``). CPU-only work then goes where CPUs are left over beyond
+what the node's GPUs need, and GPU work that brings many CPUs per GPU goes where CPUs abound.
+
 Speed: every count is a sum over GPUs of a function of the GPU's free milli (0..1000), so the
 functions are tabulated once per mix and a count is one gather and one sum. Rows (nodes) in
 the same state (model, free milli per GPU, CPUs, memory, up) score the same, so large
@@ -30,9 +35,12 @@ if TYPE_CHECKING:
 
 _INF = np.inf
 #: share of the "copies that fit" measure in the fragmentation policy's score; the rest is
-#: FGD's "does one still fit" measure. Chosen on all four openb traces together (0.5 and 0.1
-#: are within ~0.3 points): each measure alone misses what the other sees.
-FILL_WEIGHT = 0.25
+#: FGD's "does one still fit" measure. Chosen on the four openb traces and their CPU-heavy
+#: variants together (bench/cpu_heavy.py): 0.25 and 0.5 are within ~0.1 point of each other
+#: on the four traces, but FGD's measure, which counts a node's every idle GPU as lost once
+#: its CPUs fall below one task's, misleads when CPUs run short (at 2.5x CPU-only CPUs:
+#: 0.25 -> 14.9 %, 0.35 -> 13.7 %, 0.5 -> 12.2 %, 0.75 -> 12.6 % unallocated)
+FILL_WEIGHT = 0.5
 #: weight of the packing loss (``slot_loss``) against the fragmentation growth, both in milli:
 #: large, so the loss decides and the fragmentation growth breaks its (frequent) ties. Chosen
 #: on all four openb traces together: 1 and 3 fall short of the gain, 5, 10, 30 and 100 are
@@ -58,7 +66,10 @@ class Stats:
     fill: bool  # also keep the copies-that-fit measure below
     wn: np.ndarray  # (N, M) fill weights per node: CPU-only shapes strand no GPU, and shapes
     # that may not run on a node's model are no loss there (weights renormalised per node)
-    frag_fill: np.ndarray  # (N,) idle milli that copies of the shapes could not use, weighted
+    frag_fill: np.ndarray  # (N,) FILL_WEIGHT x idle milli that copies of the shapes could not
+    # use, plus the idle milli the free CPUs and memory cannot serve (``host_stranded``)
+    milli_per_cpu: np.ndarray  # (N,) GPU milli the mix's GPU work runs per CPU on each node
+    milli_per_gb: np.ndarray  # (N,) ... per GB of host memory (1e12 where it needs none)
     tid: np.ndarray  # (N,) which table each node reads: nodes with one ``d`` row share one
     table: np.ndarray  # (T * 1001, 3M) per free milli v: [v >= d, v if v < d, v // d] per shape
     value: np.ndarray  # (1001,) worth of a GPU with v milli free to the mix (``slot_value``)
@@ -93,6 +104,11 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
     w = np.asarray(mix.weights, dtype=np.float64)
     wn = np.where(mok & np.array([s.gpus > 0 for s in mix.shapes])[None, :], w, 0.0)
     wn = wn / np.maximum(wn.sum(1, keepdims=True), 1e-12)
+    c = np.array([s.cpus for s in mix.shapes], dtype=np.float64)
+    mm = np.array([s.mem_gb for s in mix.shapes], dtype=np.float64)
+    k = np.array([s.gpus for s in mix.shapes], dtype=np.int32)
+    runs = wn * (d <= MILLI)  # the GPU shapes that can run on each node, by weight
+    gpu_mass = (runs * (k * d)).sum(1)
     rows, tid = np.unique(d, axis=0, return_inverse=True)
     v = np.arange(MILLI + 1)[None, :, None]
     dt = rows[:, None, :]
@@ -102,9 +118,9 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
     return Stats(
         mix,
         d,
-        np.array([s.gpus for s in mix.shapes], dtype=np.int32),
-        np.array([s.cpus for s in mix.shapes], dtype=np.float64),
-        np.array([s.mem_gb for s in mix.shapes], dtype=np.float64),
+        k,
+        c,
+        mm,
         mok,
         w / max(w.sum(), 1e-12),
         np.zeros((n, 3 * m), dtype=np.int64),
@@ -112,10 +128,18 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
         fill,
         wn,
         np.zeros(n, dtype=np.float64),
+        _per_unit(gpu_mass, runs @ c),
+        _per_unit(gpu_mass, runs @ mm),
         tid.ravel().astype(np.int64) * (MILLI + 1),
         table.reshape(-1, 3 * m),
         slot_value(mix) if fill else np.zeros(MILLI + 1),
     )
+
+
+def _per_unit(gpu_mass: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """GPU milli served per unit of a host resource (1e12 where the GPU work needs none)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(need > 0, gpu_mass / np.where(need > 0, need, 1.0), 1e12)
 
 
 def stats_for(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
@@ -148,7 +172,8 @@ def refresh_stats(state: ClusterState, st: Stats) -> None:
     st.frag[rows] = np.where(up, fr, 0.0)
     if st.fill:
         host = _copies_by_host(st, cpu, mem)
-        ff = fill_frag(st, idle[:, None], slots, host, st.kd[rows], st.wn[rows])
+        ff = FILL_WEIGHT * fill_frag(st, idle[:, None], slots, host, st.kd[rows], st.wn[rows])
+        ff += host_stranded(st, rows, idle, cpu[:, 0], mem[:, 0])
         st.frag_fill[rows] = np.where(up, ff, 0.0)
     st.step = state.step
 
@@ -179,6 +204,24 @@ def fill_frag(
     # copies >= 0 (host is clamped), so usable <= the idle milli: no clamp of the difference
     usable = np.minimum(slots // st.k_safe, host) * kd
     return ((idle - usable) * wn).sum(-1)
+
+
+def host_stranded(
+    st: Stats, rows: Any, idle: np.ndarray, cpu: np.ndarray, mem: np.ndarray
+) -> np.ndarray:
+    """Idle milli the free CPUs and memory cannot serve at the mix's needs per GPU.
+
+    The mix's GPU work asks on average ``1 / milli_per_cpu`` CPUs (and GB) per GPU-milli; a
+    node with less free than its idle GPUs would need strands the rest, whatever shapes come.
+    Unlike FGD's "does one more task fit", this grows smoothly with each CPU taken, and is
+    zero while a node's CPUs exceed what its GPUs need: where CPU-only work costs nothing.
+    ``idle``, ``cpu`` and ``mem`` are (R,) or (R, C) for rows ``rows``.
+    """
+    per_cpu, per_gb = st.milli_per_cpu[rows], st.milli_per_gb[rows]
+    if idle.ndim == 2:
+        per_cpu, per_gb = per_cpu[:, None], per_gb[:, None]
+    served = np.minimum(np.maximum(cpu, 0.0) * per_cpu, np.maximum(mem, 0.0) * per_gb)
+    return np.maximum(idle - served, 0.0)
 
 
 def unique_rows(state: ClusterState, rows: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -265,10 +308,18 @@ def delta(
     ok = (cnt >= st.k) & (cpu >= st.c_lo) & (mem >= st.mm_lo) & mok
     out = np.where(ok, small, idle2[..., None]) @ st.w
     out -= before
-    if st.fill:  # blend in the copies-that-fit measure (see FILL_WEIGHT)
+    if st.fill:  # blend in the copies-that-fit measure (see FILL_WEIGHT) and what the free
+        # CPUs and memory cannot serve
         host = _copies_by_host(st, cpu, mem)
-        fill = fill_frag(st, idle2[..., None], slots, host, kd, wn)
-        out = (1 - FILL_WEIGHT) * out + FILL_WEIGHT * (fill - before_fill)
+        fill = FILL_WEIGHT * fill_frag(st, idle2[..., None], slots, host, kd, wn)
+        fill += host_stranded(
+            st,
+            rows,
+            idle2,
+            cpu2 if cnt.ndim == 2 else cpu2[:, None],
+            mem2 if cnt.ndim == 2 else mem2[:, None],
+        )
+        out = (1 - FILL_WEIGHT) * out + (fill - before_fill)
     return out
 
 
