@@ -280,3 +280,28 @@ def test_pack_many_places_like_pack_then_allocate_one_by_one(
     assert np.array_equal(batch.cpus_free, single.cpus_free)
     assert np.array_equal(batch.mem_free_gb, single.mem_free_gb)
     assert batch.step == single.step
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=nodes_st,
+    requests=st.lists(request_st, min_size=1, max_size=25),
+    cpus_override=st.booleans(),
+)
+def test_allocating_a_reply_leaves_the_statistics_a_fresh_state_computes(
+    nodes: list[NodeShape], requests: list, cpus_override: bool
+) -> None:
+    # allocate takes the placed row's statistics from the after-state pack scored (when the
+    # reply is applied as given to the state it was scored on): they must be exactly what a
+    # state computing them from scratch finds
+    state = ClusterState.from_nodes(nodes)
+    mix = ShapeMix.from_requests(requests)
+    for r in requests:
+        reply = pack(state, r, shape_mix=mix)
+        if reply.node is not None:
+            state.allocate(reply, cpus=reply.cpus + 1 if cpus_override else None)
+    fresh = state.copy()
+    ours, theirs = state.stats(mix, fill=True), fresh.stats(mix, fill=True)
+    assert np.array_equal(ours.counts, theirs.counts)
+    assert np.array_equal(ours.frag, theirs.frag)
+    assert np.array_equal(ours.frag_fill, theirs.frag_fill)

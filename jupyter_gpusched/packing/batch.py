@@ -183,7 +183,7 @@ class Pass:
 
     def _score(self, sh: _Shape, classes: list[int]) -> None:
         rows = np.array([self._first(c) for c in classes], dtype=np.int64)
-        score, choice = score_rows(self.state, sh.fit, sh.r, self.policy, sh.mix, rows)
+        score, choice, _ = score_rows(self.state, sh.fit, sh.r, self.policy, sh.mix, rows)
         for c, v, g in zip(classes, score.tolist(), choice.tolist(), strict=True):
             sh.score[c] = v
             sh.choice[c] = g

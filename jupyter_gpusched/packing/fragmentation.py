@@ -160,22 +160,29 @@ def refresh_stats(state: ClusterState, st: Stats) -> None:
     """Recompute the statistics of the rows changed since ``st`` was last refreshed."""
     rows = state._dirty(st.step)
     g = state.gm[rows]
-    m = st.m
     counts = st.table[st.tid[rows][:, None] + g].sum(1)  # (R, 3M)
-    cnt, small, slots = counts[:, :m], counts[:, m : 2 * m], counts[:, 2 * m :]
     st.counts[rows] = counts
-    idle = g.sum(1)
-    cpu, mem = state.cpus_free[rows, None], state.mem_free_gb[rows, None]
-    ok = (cpu >= st.c_lo) & (mem >= st.mm_lo) & st.mok[rows] & (cnt >= st.k)
-    fr = np.where(ok, small, idle[:, None]) @ st.w
+    frag, fill = measures(
+        st, rows, g.sum(1), counts, state.cpus_free[rows], state.mem_free_gb[rows]
+    )
     up = state.node_up[rows]
-    st.frag[rows] = np.where(up, fr, 0.0)
-    if st.fill:
-        host = _copies_by_host(st, cpu, mem)
-        ff = FILL_WEIGHT * fill_frag(st, idle[:, None], slots, host, st.kd[rows], st.wn[rows])
-        ff += host_stranded(st, rows, idle, cpu[:, 0], mem[:, 0])
-        st.frag_fill[rows] = np.where(up, ff, 0.0)
+    st.frag[rows] = np.where(up, frag, 0.0)
+    if fill is not None:
+        st.frag_fill[rows] = np.where(up, fill, 0.0)
     st.step = state.step
+
+
+def adopt(state: ClusterState, st: Stats, i: int, frag: float, fill: float) -> None:
+    """Take row ``i``'s statistics from the after-state its placement was scored with.
+
+    ``frag`` and ``fill`` come from ``frag_score`` (the same ``measures`` that
+    ``refresh_stats`` uses, so the same values); called by ``allocate`` only when this
+    placement is the one change since the statistics were fresh. The counts are one gather.
+    """
+    if state._stats.get((st.mix, st.fill)) is st and st.step == state.step - 1:
+        st.counts[i] = st.table[st.tid[i] + state.gm[i]].sum(0)
+        st.frag[i], st.frag_fill[i] = frag, fill
+        st.step = state.step
 
 
 def _copies_by_host(st: Stats, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
@@ -282,6 +289,33 @@ def after(st: Stats, rows: Any, g: np.ndarray, s: np.ndarray) -> np.ndarray:
     return change
 
 
+def measures(
+    st: Stats, rows: Any, idle: np.ndarray, counts: np.ndarray, cpu: np.ndarray, mem: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(FGD's fragmentation, the CPU-aware part or None) of node states given as counts.
+
+    ``counts`` (R, ..., 3M) per-shape counts, ``idle`` (R, ...) idle milli, ``cpu`` and
+    ``mem`` (R,) free. The CPU-aware part (kept with ``fill``) is FILL_WEIGHT x the
+    copies-that-fit measure plus ``host_stranded``. Weighted sums are ``(x * w).sum(-1)``,
+    not a matrix product, so that a row's value does not depend on the rows beside it.
+    """
+    m = st.m
+    cnt, small, slots = counts[..., :m], counts[..., m : 2 * m], counts[..., 2 * m :]
+    if cnt.ndim == 2:  # (R, M): one state per row
+        c, mm = cpu[:, None], mem[:, None]
+        mok, kd, wn = st.mok[rows], st.kd[rows], st.wn[rows]
+    else:  # (R, C, M): candidates per row
+        c, mm = cpu[:, None, None], mem[:, None, None]
+        mok, kd, wn = st.mok[rows][:, None], st.kd[rows][:, None], st.wn[rows][:, None]
+    ok = (cnt >= st.k) & (c >= st.c_lo) & (mm >= st.mm_lo) & mok
+    frag = (np.where(ok, small, idle[..., None]) * st.w).sum(-1)
+    if not st.fill:
+        return frag, None
+    fill = FILL_WEIGHT * fill_frag(st, idle[..., None], slots, _copies_by_host(st, c, mm), kd, wn)
+    fill += host_stranded(st, rows, idle, c[..., 0], mm[..., 0])
+    return frag, fill
+
+
 def delta(
     st: Stats,
     rows: Any,
@@ -292,35 +326,20 @@ def delta(
 ) -> np.ndarray:
     """Growth of the node's fragmentation for after-states given as (R, ..., 3M) counts.
 
-    FGD's measure, blended with the copies-that-fit measure when the stats keep it.
+    FGD's measure, blended with the CPU-aware part when the stats keep it (``measures``).
     ``idle2`` (R, ...) is the idle milli after; ``cpu2``, ``mem2`` (R,) what is left free.
     """
-    m = st.m
-    cnt, small, slots = counts[..., :m], counts[..., m : 2 * m], counts[..., 2 * m :]
-    if cnt.ndim == 2:  # (R, M): one after-state per row
-        cpu, mem = cpu2[:, None], mem2[:, None]
-        mok, kd, wn = st.mok[rows], st.kd[rows], st.wn[rows]
-        before, before_fill = st.frag[rows], st.frag_fill[rows]
-    else:  # (R, C, M): candidates per row
-        cpu, mem = cpu2[:, None, None], mem2[:, None, None]
-        mok, kd, wn = st.mok[rows][:, None], st.kd[rows][:, None], st.wn[rows][:, None]
-        before, before_fill = st.frag[rows][:, None], st.frag_fill[rows][:, None]
-    ok = (cnt >= st.k) & (cpu >= st.c_lo) & (mem >= st.mm_lo) & mok
-    out = np.where(ok, small, idle2[..., None]) @ st.w
-    out -= before
-    if st.fill:  # blend in the copies-that-fit measure (see FILL_WEIGHT) and what the free
-        # CPUs and memory cannot serve
-        host = _copies_by_host(st, cpu, mem)
-        fill = FILL_WEIGHT * fill_frag(st, idle2[..., None], slots, host, kd, wn)
-        fill += host_stranded(
-            st,
-            rows,
-            idle2,
-            cpu2 if cnt.ndim == 2 else cpu2[:, None],
-            mem2 if cnt.ndim == 2 else mem2[:, None],
-        )
-        out = (1 - FILL_WEIGHT) * out + (fill - before_fill)
-    return out
+    frag, fill = measures(st, rows, idle2, counts, cpu2, mem2)
+    return _growth(st, rows, frag, fill)
+
+
+def _growth(st: Stats, rows: Any, frag: np.ndarray, fill: np.ndarray | None) -> np.ndarray:
+    before = st.frag[rows] if frag.ndim == 1 else st.frag[rows][:, None]
+    out = frag - before
+    if fill is None:
+        return out
+    before_fill = st.frag_fill[rows] if frag.ndim == 1 else st.frag_fill[rows][:, None]
+    return (1 - FILL_WEIGHT) * out + (fill - before_fill)
 
 
 def frag_delta(
@@ -388,10 +407,13 @@ def frag_score(
     policy: str,
     rows: Any,
     fitted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:
-    """(score, chosen GPU) of the rows under ``fragmentation`` or ``fgd`` (inf: no fit).
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...] | None]:
+    """(score, chosen GPU, after-states) of the rows under ``fragmentation`` or ``fgd``.
 
-    ``fitted``: the rows' free milli, milli per GPU, GPUs with room and whether the node fits.
+    Score inf: no fit. ``fitted``: the rows' free milli, milli per GPU, GPUs with room and
+    whether the node fits. The after-states of ``fragmentation`` ((2, R) frag and frag_fill
+    of each row with the request placed, nan where it does not fit) let ``allocate`` skip
+    refreshing the row it fills (``adopt``).
     """
     gm, s, fits, ok = fitted
     score = np.full(len(gm), _INF)
@@ -399,7 +421,7 @@ def frag_score(
     # only rows that fit are scored: late in a busy cluster most rows are full
     sel = np.flatnonzero(ok)
     if not len(sel):
-        return score, choice
+        return score, choice, None
     sub = sel if isinstance(rows, slice) else rows[sel]
     if policy == "fragmentation":
         gms, ss = gm[sel], s[sel]
@@ -409,22 +431,20 @@ def frag_score(
             choice[sel] = c
         else:
             g, _ = candidates(r, gms, gms >= ss[:, None])
-        d = delta(
-            st,
-            sub,
-            gms.sum(1) - r.gpus * ss,
-            after(st, sub, g, ss)[:, 0],
-            state.cpus_free[sub] - r.cpus,
-            state.mem_free_gb[sub] - r.mem_gb,
-        )
+        counts = after(st, sub, g, ss)[:, 0]
+        cpu2, mem2 = state.cpus_free[sub] - r.cpus, state.mem_free_gb[sub] - r.mem_gb
+        frag, fill = measures(st, sub, gms.sum(1) - r.gpus * ss, counts, cpu2, mem2)
+        d = _growth(st, sub, frag, fill)
         if r.gpus and ss.min() < MILLI:  # whole GPUs lose nothing: they take a GPU's all
             d += LOSS_WEIGHT * slot_loss(st, g[:, 0], ss[:, None]).sum(1)
         score[sel] = d
-    else:
-        score[sel], choice[sel] = frag_delta(
-            state, st, sub, r, s[sel], gm[sel], fits[sel], quantize=True
-        )
-    return score, choice
+        states = np.full((2, len(gm)), np.nan)
+        states[0, sel], states[1, sel] = frag, fill
+        return score, choice, states
+    score[sel], choice[sel] = frag_delta(
+        state, st, sub, r, s[sel], gm[sel], fits[sel], quantize=True
+    )
+    return score, choice, None
 
 
 def model_pressure(state: ClusterState, mix: ShapeMix) -> np.ndarray:

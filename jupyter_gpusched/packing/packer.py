@@ -46,7 +46,7 @@ from .fragmentation import metrics as metrics
 from .fragmentation import model_pressure
 from .mix import MILLI as MILLI
 from .mix import ShapeMix as ShapeMix
-from .scoring import explain, fit, pick_gpus, tie_hash, validate
+from .scoring import explain, fit, offer, pick_gpus, tie_hash, validate
 from .state import ClusterState as ClusterState
 from .state import NodeShape as NodeShape
 from .state import PackReply as PackReply
@@ -123,7 +123,7 @@ def pack(
         i = int(cand[np.argmin(key)])
     s = int(f.s[i])
     gpus = pick_gpus(state, i, request, s, int(f.choice[i]))
-    return PackReply(
+    reply = PackReply(
         i,
         state.node_names[i],
         gpus,
@@ -134,6 +134,9 @@ def pack(
         float(request.mem_gb),
         float(best),
     )
+    if policy == "fragmentation" and mix is not None:
+        offer(state, f, mix, reply)
+    return reply
 
 
 def pack_many(

@@ -15,7 +15,7 @@ from jupyter_gpusched.core.errors import InvalidSpecError
 
 from .fragmentation import frag_score, unique_rows
 from .mix import MILLI, ShapeMix
-from .state import ClusterState, PackRequest, _Fit
+from .state import ClusterState, PackReply, PackRequest, _Fit
 
 _INF = np.inf
 
@@ -58,24 +58,45 @@ def fit(state: ClusterState, r: PackRequest, policy: str, mix: ShapeMix | None) 
     if f.step == state.step:
         return f
     rows = state._dirty(f.step)
-    f.score[rows], f.choice[rows] = score_rows(state, f, r, policy, mix, rows)
+    f.score[rows], f.choice[rows], after = score_rows(state, f, r, policy, mix, rows)
+    if after is not None:
+        if f.after is None:
+            f.after = np.full((2, state.n_nodes), np.nan)
+        f.after[:, rows] = after
     f.step = state.step
     return f
 
 
 def score_rows(
     state: ClusterState, f: _Fit, r: PackRequest, policy: str, mix: ShapeMix | None, rows: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    """(score, chosen GPU for one-GPU requests) of the rows; inf where the request cannot go."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(score, chosen GPU for one-GPU requests, after-states) of the rows.
+
+    Score inf where the request cannot go; after-states as ``fragmentation.frag_score``.
+    """
     if policy in ("fragmentation", "fgd") and mix is not None:
         st = state.stats(mix, fill=policy == "fragmentation")
         uniq = unique_rows(state, rows)  # many rows (a first look): score each state once
         calc = rows if uniq is None else uniq[0]
-        score, choice = frag_score(state, st, r, policy, calc, _fits_now(state, f, r, calc))
+        fitted = _fits_now(state, f, r, calc)
+        score, choice, after = frag_score(state, st, r, policy, calc, fitted)
         if uniq is not None:
             score, choice = score[uniq[1]], choice[uniq[1]]
-        return score, choice
-    return _plain_score(state, f, r, policy, rows)
+            after = None if after is None else after[:, uniq[1]]
+        return score, choice, after
+    return (*_plain_score(state, f, r, policy, rows), None)
+
+
+def offer(state: ClusterState, f: _Fit, mix: ShapeMix, reply: PackReply) -> None:
+    """Let ``allocate`` take the chosen row's statistics from its scored after-state.
+
+    ``allocate`` checks that it applies this reply, unchanged, to an unchanged state
+    (``fragmentation.adopt``).
+    """
+    st = state._stats.get((mix, True))
+    if f.after is not None and st is not None and reply.node is not None:
+        i = reply.node
+        state._offer = (state.step, reply, st, float(f.after[0, i]), float(f.after[1, i]))
 
 
 def _fits_now(
