@@ -236,11 +236,14 @@ class Pass:
         limit = best + TIE
         if self.random:
             tied = self._tied(heap, inheap, limit)
-            cand = np.flatnonzero(
-                self.cls_np == tied[0] if len(tied) == 1 else np.isin(self.cls_np, tied)
-            )
-            i = int(cand[np.argmin(tie_hash(self.seed, self.state.step, cand))])
-            c = self.cls[i]
+            if len(tied) == 1 and count[c] == 1:  # one node: no draw
+                i = self._first(c)
+            else:
+                cand = np.flatnonzero(
+                    self.cls_np == tied[0] if len(tied) == 1 else np.isin(self.cls_np, tied)
+                )
+                i = int(cand[np.argmin(tie_hash(self.seed, self.state.step, cand))])
+                c = self.cls[i]
         elif (len(heap) > 1 and heap[1][0] <= limit) or (len(heap) > 2 and heap[2][0] <= limit):
             rank = self.rank
             tied = self._tied(heap, inheap, limit)
