@@ -28,11 +28,19 @@ from typing import Any
 import numpy as np
 
 from .mix import MILLI, ShapeMix
-from .scoring import all_down, hosts, new_fit, no_room, pick_gpus, score_rows, tie_hash, validate
+from .scoring import (
+    TIE,
+    all_down,
+    hosts,
+    new_fit,
+    no_room,
+    pick_gpus,
+    score_rows,
+    tie_hash,
+    validate,
+)
 from .state import ClusterState, PackReply, PackRequest, _Fit
 
-#: scores within this of the best tie, as in ``pack``
-TIE = 1e-6
 _FRAG = ("fragmentation", "fgd")
 
 
@@ -53,7 +61,7 @@ class _Shape:
     inroom: set[int] = field(default_factory=set)
     room_seen: int = 0
     hosts: tuple[np.ndarray, str, str | None] | None = None  # ``scoring.hosts``
-    host_sigs: tuple[set[int], int] = (set(), 0)  # (signatures that could host it, up nodes)
+    host_sigs: tuple[frozenset[int], int] = (frozenset(), 0)  # (signatures of hosts, up nodes)
     failed: dict[tuple[int, int], PackReply] = field(default_factory=dict)
 
 
@@ -285,7 +293,7 @@ class Pass:
             sh.hosts = cand, _, never = hosts(self.state, r)
             if never is None:
                 up = cand & self.state.node_up
-                sh.host_sigs = (set(self.node_sig[cand].tolist()), int(up.sum()))
+                sh.host_sigs = (frozenset(self.node_sig[cand].tolist()), int(up.sum()))
         cand, what, never = sh.hosts
         if never is not None:
             return PackReply(None, None, (), 0.0, never, False, r.cpus, r.mem_gb)

@@ -25,10 +25,11 @@ Policies (lower score wins; ties by a fixed seeded node order or a seeded random
 
 Speed comes from caches kept on the state: a placement changes one node, so each node remembers
 the step it last changed and every cached per-node score refreshes only the rows touched since.
-The shape-mix scoring, its statistics and ``metrics`` live in ``fragmentation``; how each
-policy scores rows, picks GPUs and explains a miss in ``scoring``. ``pack_many`` places a
-queue in one pass that scores nodes in equal states once (``batch``), with the replies of
-``pack`` + ``allocate`` request by request. No I/O, no clock; randomness only from the seed.
+The shape-mix scoring and its statistics live in ``fragmentation``, the figures in
+``metrics``, how each policy scores rows, picks GPUs and explains a miss in ``scoring``.
+``pack_many`` places a queue in one pass that scores nodes in equal states once (``batch``),
+with the replies of ``pack`` + ``allocate`` request by request. No I/O, no clock; randomness
+only from the seed.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ from jupyter_gpusched.core.errors import InvalidSpecError
 
 from .batch import place_all
 from .fragmentation import FILL_WEIGHT as FILL_WEIGHT
-from .fragmentation import FragMetrics as FragMetrics
-from .fragmentation import metrics as metrics
-from .fragmentation import model_pressure
+from .metrics import FragMetrics as FragMetrics
+from .metrics import metrics as metrics
+from .metrics import model_pressure
 from .mix import MILLI as MILLI
 from .mix import ShapeMix as ShapeMix
-from .scoring import explain, fit, offer, pick_gpus, tie_hash, validate
+from .scoring import TIE, explain, fit, offer, pick_gpus, tie_hash, validate
 from .state import ClusterState as ClusterState
 from .state import NodeShape as NodeShape
 from .state import PackReply as PackReply
@@ -112,7 +113,7 @@ def pack(
     if not np.isfinite(best):
         reason, ever = explain(state, request)
         return PackReply(None, None, (), 0.0, reason, ever, request.cpus, request.mem_gb)
-    cand = np.flatnonzero(score <= best + 1e-6)
+    cand = np.flatnonzero(score <= best + TIE)
     i = int(cand[0])
     if len(cand) > 1:
         key = (

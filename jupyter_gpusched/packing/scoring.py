@@ -18,6 +18,8 @@ from .mix import MILLI, ShapeMix
 from .state import ClusterState, PackReply, PackRequest, _Fit
 
 _INF = np.inf
+#: scores within this of the best tie (then the seeded order or a seeded draw decides)
+TIE = 1e-6
 
 
 def validate(r: PackRequest) -> None:
