@@ -20,6 +20,9 @@ from .state import ClusterState, PackReply, PackRequest, _Fit
 _INF = np.inf
 #: scores within this of the best tie (then the seeded order or a seeded draw decides)
 TIE = 1e-6
+#: per-node cells the cached fits may hold in all (~37 bytes each, ~150 MB): a live cluster
+#: sees endless request shapes; 3,400 fits on openb's 1,213 nodes, 400 on 10,000 nodes
+FIT_CELLS = 1 << 22
 
 
 def validate(r: PackRequest) -> None:
@@ -54,7 +57,7 @@ def fit(state: ClusterState, r: PackRequest, policy: str, mix: ShapeMix | None) 
     key = (policy, r, mix)
     f = state._fits.get(key)
     if f is None:
-        if len(state._fits) > 4096:  # a live cluster sees endless shapes: keep the cache bounded
+        if len(state._fits) > max(64, FIT_CELLS // state.n_nodes):  # endless shapes: bounded
             state._fits.clear()
         f = state._fits[key] = new_fit(state, r)
     if f.step == state.step:
