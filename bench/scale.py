@@ -3,9 +3,13 @@
 Measures wall and CPU time (CPU time is what to compare on a shared machine), requests per
 second and peak memory (tracemalloc peak of Python/numpy
 allocations, and the process's max RSS) of ``pack_many`` with a given policy.
+``--baseline`` also places the queue request by request (``pack`` then ``allocate``, what
+``pack_many`` did before it filed nodes by state) on a fresh cluster in the same process,
+checks that every reply is the same, and prints the ratio.
 
     python bench/scale.py                   # default: 10,000 nodes, 100,000 requests
     python bench/scale.py --nodes 1000 --requests 10000   # a quick look
+    python bench/scale.py --no-tracemalloc --baseline    # against one by one (~15 s more)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from jupyter_gpusched.packing.packer import (
     NodeShape,
     PackRequest,
     ShapeMix,
+    pack,
     pack_many,
 )
 
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time without tracemalloc (it slows allocation-heavy code); RSS still reported",
     )
+    p.add_argument("--baseline", action="store_true", help="also place one by one, compare")
     args = p.parse_args(argv)
     print("command: python " + " ".join(["bench/scale.py", *(argv or sys.argv[1:])]))
     nodes, requests = synthetic(args.nodes, args.requests, args.seed)
@@ -101,6 +107,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     traced = f"tracemalloc {peak / 2**20:.1f} MiB, " if not args.no_tracemalloc else ""
     print(f"peak memory: {traced}max RSS {rss_mb:.0f} MiB")
+    if args.baseline:
+        c0 = time.process_time()
+        alone = ClusterState.from_nodes(nodes)
+        one_by_one = []
+        for r in requests:
+            reply = pack(
+                alone,
+                r,
+                policy=args.policy,
+                tie_break=args.tie_break,
+                seed=args.seed,
+                shape_mix=mix,
+            )
+            if reply.node is not None:
+                alone.allocate(reply)
+            one_by_one.append(reply)
+        base_s = time.process_time() - c0
+        same = [(r.node, r.gpu_indices, r.reason) for r in replies] == [
+            (r.node, r.gpu_indices, r.reason) for r in one_by_one
+        ]
+        print(
+            f"one by one (pack + allocate): {base_s:.2f} s CPU; pack_many {base_s / cpu_s:.1f}x "
+            f"faster; same replies: {same}"
+        )
+        if not same:
+            return 1
     return 0
 
 

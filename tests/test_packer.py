@@ -98,6 +98,30 @@ def test_fragmentation_opens_a_fresh_gpu_rather_than_strand_a_sliver() -> None:
     assert pack(state, shares[2], shape_mix=mix).gpu_indices == reply.gpu_indices
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_cpu_only_work_goes_where_cpus_exceed_what_the_gpus_need(seed: int) -> None:
+    # the mix's GPU work needs 8 CPUs per GPU on average: "lean" (4 GPUs, 32 CPUs) needs all
+    # of its CPUs for its GPUs, "roomy" (4 GPUs, 60 CPUs) has 28 to spare. Per shape, both
+    # lose one copy of the 14-CPU shape to an 8-CPU job, so only the mix's average tells them
+    # apart; whatever the seeded node order, the CPU-only job must not strand a lean GPU.
+    lean = NodeShape("lean", "T4", 16, 4, 32, 256)
+    roomy = NodeShape("roomy", "T4", 16, 4, 60, 256)
+    mix = ShapeMix((PackRequest(1, cpus=2), PackRequest(1, cpus=14)), (1.0, 1.0))
+    state = cluster(lean, roomy)
+    assert pack(state, PackRequest(0, cpus=8), shape_mix=mix, seed=seed).node_name == "roomy"
+
+
+def test_gpu_work_that_brings_many_cpus_goes_where_cpus_abound() -> None:
+    lean = NodeShape("lean", "T4", 16, 4, 32, 256)
+    roomy = NodeShape("roomy", "T4", 16, 4, 96, 256)
+    mix = ShapeMix((PackRequest(1, cpus=8), PackRequest(1, cpus=24)), (3.0, 1.0))
+    names = {
+        pack(cluster(lean, roomy), PackRequest(1, cpus=24), shape_mix=mix, seed=s).node_name
+        for s in range(6)
+    }
+    assert names == {"roomy"}
+
+
 def test_slot_value_prices_gpu_sizes_by_how_they_pack() -> None:
     halves = ShapeMix((PackRequest(1, 0.5), PackRequest(1)), (3.0, 1.0))
     value = slot_value(halves)

@@ -12,6 +12,7 @@ from jupyter_gpusched.packing.packer import (
     POLICIES,
     ClusterState,
     NodeShape,
+    PackReply,
     PackRequest,
     ShapeMix,
     pack,
@@ -210,3 +211,97 @@ def test_slot_loss_is_never_negative(shapes: list[tuple[int, int, float]]) -> No
     take = np.arange(1, 1001)[None, :]
     loss = value[free] - value[take] - value[np.maximum(free - take, 0)]
     assert (np.where(free >= take, loss, 0) >= -1e-6).all()
+
+
+def _one_by_one(
+    state: ClusterState,
+    requests: list,
+    policy: str,
+    tie_break: str,
+    seed: int,
+    mix: ShapeMix | None,
+) -> list:
+    """What pack_many promises: pack each request, then allocate it, in turn."""
+    replies = []
+    for r in requests:
+        if mix is None:
+            state.record_arrival(r)
+        reply = pack(state, r, policy=policy, tie_break=tie_break, seed=seed, shape_mix=mix)
+        if reply.node is not None:
+            state.allocate(reply)
+        replies.append(reply)
+    return replies
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kinds=nodes_st,
+    copies=st.integers(1, 5),
+    requests=st.lists(request_st, min_size=1, max_size=20),
+    policy=st.sampled_from(POLICIES),
+    tie_break=st.sampled_from(["order", "random"]),
+    seed=st.integers(0, 3),
+    given_mix=st.booleans(),
+    down=st.integers(-1, 4),
+)
+def test_pack_many_places_like_pack_then_allocate_one_by_one(
+    kinds: list[NodeShape],
+    copies: int,
+    requests: list,
+    policy: str,
+    tie_break: str,
+    seed: int,
+    given_mix: bool,
+    down: int,
+) -> None:
+    # pack_many files nodes in equal states together and scores each class once; every
+    # reply and the state after must be what pack + allocate give request by request.
+    # Copies of each node kind and repeated requests make classes with many nodes.
+    nodes = [
+        NodeShape(f"{k.name}-{i}", k.gpu_model, k.gpu_mem_gb, k.gpus, k.cpus, k.mem_gb)
+        for k in kinds
+        for i in range(copies)
+    ]
+    queue = requests * 3
+    mix = ShapeMix.from_requests(queue) if given_mix else None
+    batch, single = ClusterState.from_nodes(nodes), ClusterState.from_nodes(nodes)
+    if 0 <= down < len(nodes):
+        batch.set_node_up(down, False)
+        single.set_node_up(down, False)
+    got = pack_many(batch, queue, policy=policy, tie_break=tie_break, seed=seed, shape_mix=mix)
+    want = _one_by_one(single, queue, policy, tie_break, seed, mix)
+
+    def fields(r: PackReply) -> tuple:
+        return (r.node, r.gpu_indices, r.share_per_gpu, r.reason, r.feasible_ever, r.cpus)
+
+    assert [fields(r) for r in got] == [fields(r) for r in want]
+    assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-6)
+    assert np.array_equal(batch.gm, single.gm)
+    assert np.array_equal(batch.cpus_free, single.cpus_free)
+    assert np.array_equal(batch.mem_free_gb, single.mem_free_gb)
+    assert batch.step == single.step
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=nodes_st,
+    requests=st.lists(request_st, min_size=1, max_size=25),
+    cpus_override=st.booleans(),
+)
+def test_allocating_a_reply_leaves_the_statistics_a_fresh_state_computes(
+    nodes: list[NodeShape], requests: list, cpus_override: bool
+) -> None:
+    # allocate takes the placed row's statistics from the after-state pack scored (when the
+    # reply is applied as given to the state it was scored on): they must be exactly what a
+    # state computing them from scratch finds
+    state = ClusterState.from_nodes(nodes)
+    mix = ShapeMix.from_requests(requests)
+    for r in requests:
+        reply = pack(state, r, shape_mix=mix)
+        if reply.node is not None:
+            state.allocate(reply, cpus=reply.cpus + 1 if cpus_override else None)
+    fresh = state.copy()
+    ours, theirs = state.stats(mix, fill=True), fresh.stats(mix, fill=True)
+    assert np.array_equal(ours.counts, theirs.counts)
+    assert np.array_equal(ours.frag, theirs.frag)
+    assert np.array_equal(ours.frag_fill, theirs.frag_fill)

@@ -9,6 +9,11 @@ of one node, so its effect is the counts' change on those GPUs alone. For GPU sh
 fragmentation policy first weighs what a share loses for good of the GPU it lands on
 (``slot_loss``): GPU sizes priced by the fluid bin-packing LP of the mix (``slot_value``).
 
+CPUs and host memory: the mix's GPU work needs so many CPUs (and GB) per GPU-milli on
+average; a node whose free CPUs or memory fall short of what its free GPUs would need strands
+the difference (``host_stranded``). CPU-only work then goes where CPUs are left over beyond
+what the node's GPUs need, and GPU work that brings many CPUs per GPU goes where CPUs abound.
+
 Speed: every count is a sum over GPUs of a function of the GPU's free milli (0..1000), so the
 functions are tabulated once per mix and a count is one gather and one sum. Rows (nodes) in
 the same state (model, free milli per GPU, CPUs, memory, up) score the same, so large
@@ -30,9 +35,12 @@ if TYPE_CHECKING:
 
 _INF = np.inf
 #: share of the "copies that fit" measure in the fragmentation policy's score; the rest is
-#: FGD's "does one still fit" measure. Chosen on all four openb traces together (0.5 and 0.1
-#: are within ~0.3 points): each measure alone misses what the other sees.
-FILL_WEIGHT = 0.25
+#: FGD's "does one still fit" measure. Chosen on the four openb traces and their CPU-heavy
+#: variants together (bench/cpu_heavy.py): 0.25 and 0.5 are within ~0.1 point of each other
+#: on the four traces, but FGD's measure, which counts a node's every idle GPU as lost once
+#: its CPUs fall below one task's, misleads when CPUs run short (at 2.5x CPU-only CPUs:
+#: 0.25 -> 14.9 %, 0.35 -> 13.7 %, 0.5 -> 12.2 %, 0.75 -> 12.6 % unallocated)
+FILL_WEIGHT = 0.5
 #: weight of the packing loss (``slot_loss``) against the fragmentation growth, both in milli:
 #: large, so the loss decides and the fragmentation growth breaks its (frequent) ties. Chosen
 #: on all four openb traces together: 1 and 3 fall short of the gain, 5, 10, 30 and 100 are
@@ -58,7 +66,10 @@ class Stats:
     fill: bool  # also keep the copies-that-fit measure below
     wn: np.ndarray  # (N, M) fill weights per node: CPU-only shapes strand no GPU, and shapes
     # that may not run on a node's model are no loss there (weights renormalised per node)
-    frag_fill: np.ndarray  # (N,) idle milli that copies of the shapes could not use, weighted
+    frag_fill: np.ndarray  # (N,) FILL_WEIGHT x idle milli that copies of the shapes could not
+    # use, plus the idle milli the free CPUs and memory cannot serve (``host_stranded``)
+    milli_per_cpu: np.ndarray  # (N,) GPU milli the mix's GPU work runs per CPU on each node
+    milli_per_gb: np.ndarray  # (N,) ... per GB of host memory (1e12 where it needs none)
     tid: np.ndarray  # (N,) which table each node reads: nodes with one ``d`` row share one
     table: np.ndarray  # (T * 1001, 3M) per free milli v: [v >= d, v if v < d, v // d] per shape
     value: np.ndarray  # (1001,) worth of a GPU with v milli free to the mix (``slot_value``)
@@ -93,6 +104,11 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
     w = np.asarray(mix.weights, dtype=np.float64)
     wn = np.where(mok & np.array([s.gpus > 0 for s in mix.shapes])[None, :], w, 0.0)
     wn = wn / np.maximum(wn.sum(1, keepdims=True), 1e-12)
+    c = np.array([s.cpus for s in mix.shapes], dtype=np.float64)
+    mm = np.array([s.mem_gb for s in mix.shapes], dtype=np.float64)
+    k = np.array([s.gpus for s in mix.shapes], dtype=np.int32)
+    runs = wn * (d <= MILLI)  # the GPU shapes that can run on each node, by weight
+    gpu_mass = (runs * (k * d)).sum(1)
     rows, tid = np.unique(d, axis=0, return_inverse=True)
     v = np.arange(MILLI + 1)[None, :, None]
     dt = rows[:, None, :]
@@ -102,9 +118,9 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
     return Stats(
         mix,
         d,
-        np.array([s.gpus for s in mix.shapes], dtype=np.int32),
-        np.array([s.cpus for s in mix.shapes], dtype=np.float64),
-        np.array([s.mem_gb for s in mix.shapes], dtype=np.float64),
+        k,
+        c,
+        mm,
         mok,
         w / max(w.sum(), 1e-12),
         np.zeros((n, 3 * m), dtype=np.int64),
@@ -112,10 +128,18 @@ def compile_stats(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
         fill,
         wn,
         np.zeros(n, dtype=np.float64),
+        _per_unit(gpu_mass, runs @ c),
+        _per_unit(gpu_mass, runs @ mm),
         tid.ravel().astype(np.int64) * (MILLI + 1),
         table.reshape(-1, 3 * m),
         slot_value(mix) if fill else np.zeros(MILLI + 1),
     )
+
+
+def _per_unit(gpu_mass: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """GPU milli served per unit of a host resource (1e12 where the GPU work needs none)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(need > 0, gpu_mass / np.where(need > 0, need, 1.0), 1e12)
 
 
 def stats_for(state: ClusterState, mix: ShapeMix, fill: bool) -> Stats:
@@ -136,21 +160,29 @@ def refresh_stats(state: ClusterState, st: Stats) -> None:
     """Recompute the statistics of the rows changed since ``st`` was last refreshed."""
     rows = state._dirty(st.step)
     g = state.gm[rows]
-    m = st.m
     counts = st.table[st.tid[rows][:, None] + g].sum(1)  # (R, 3M)
-    cnt, small, slots = counts[:, :m], counts[:, m : 2 * m], counts[:, 2 * m :]
     st.counts[rows] = counts
-    idle = g.sum(1)
-    cpu, mem = state.cpus_free[rows, None], state.mem_free_gb[rows, None]
-    ok = (cpu >= st.c_lo) & (mem >= st.mm_lo) & st.mok[rows] & (cnt >= st.k)
-    fr = np.where(ok, small, idle[:, None]) @ st.w
+    frag, fill = measures(
+        st, rows, g.sum(1), counts, state.cpus_free[rows], state.mem_free_gb[rows]
+    )
     up = state.node_up[rows]
-    st.frag[rows] = np.where(up, fr, 0.0)
-    if st.fill:
-        host = _copies_by_host(st, cpu, mem)
-        ff = fill_frag(st, idle[:, None], slots, host, st.kd[rows], st.wn[rows])
-        st.frag_fill[rows] = np.where(up, ff, 0.0)
+    st.frag[rows] = np.where(up, frag, 0.0)
+    if fill is not None:
+        st.frag_fill[rows] = np.where(up, fill, 0.0)
     st.step = state.step
+
+
+def adopt(state: ClusterState, st: Stats, i: int, frag: float, fill: float) -> None:
+    """Take row ``i``'s statistics from the after-state its placement was scored with.
+
+    ``frag`` and ``fill`` come from ``frag_score`` (the same ``measures`` that
+    ``refresh_stats`` uses, so the same values); called by ``allocate`` only when this
+    placement is the one change since the statistics were fresh. The counts are one gather.
+    """
+    if state._stats.get((st.mix, st.fill)) is st and st.step == state.step - 1:
+        st.counts[i] = st.table[st.tid[i] + state.gm[i]].sum(0)
+        st.frag[i], st.frag_fill[i] = frag, fill
+        st.step = state.step
 
 
 def _copies_by_host(st: Stats, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
@@ -179,6 +211,24 @@ def fill_frag(
     # copies >= 0 (host is clamped), so usable <= the idle milli: no clamp of the difference
     usable = np.minimum(slots // st.k_safe, host) * kd
     return ((idle - usable) * wn).sum(-1)
+
+
+def host_stranded(
+    st: Stats, rows: Any, idle: np.ndarray, cpu: np.ndarray, mem: np.ndarray
+) -> np.ndarray:
+    """Idle milli the free CPUs and memory cannot serve at the mix's needs per GPU.
+
+    The mix's GPU work asks on average ``1 / milli_per_cpu`` CPUs (and GB) per GPU-milli; a
+    node with less free than its idle GPUs would need strands the rest, whatever shapes come.
+    Unlike FGD's "does one more task fit", this grows smoothly with each CPU taken, and is
+    zero while a node's CPUs exceed what its GPUs need: where CPU-only work costs nothing.
+    ``idle``, ``cpu`` and ``mem`` are (R,) or (R, C) for rows ``rows``.
+    """
+    per_cpu, per_gb = st.milli_per_cpu[rows], st.milli_per_gb[rows]
+    if idle.ndim == 2:
+        per_cpu, per_gb = per_cpu[:, None], per_gb[:, None]
+    served = np.minimum(np.maximum(cpu, 0.0) * per_cpu, np.maximum(mem, 0.0) * per_gb)
+    return np.maximum(idle - served, 0.0)
 
 
 def unique_rows(state: ClusterState, rows: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -239,6 +289,33 @@ def after(st: Stats, rows: Any, g: np.ndarray, s: np.ndarray) -> np.ndarray:
     return change
 
 
+def measures(
+    st: Stats, rows: Any, idle: np.ndarray, counts: np.ndarray, cpu: np.ndarray, mem: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(FGD's fragmentation, the CPU-aware part or None) of node states given as counts.
+
+    ``counts`` (R, ..., 3M) per-shape counts, ``idle`` (R, ...) idle milli, ``cpu`` and
+    ``mem`` (R,) free. The CPU-aware part (kept with ``fill``) is FILL_WEIGHT x the
+    copies-that-fit measure plus ``host_stranded``. Weighted sums are ``(x * w).sum(-1)``,
+    not a matrix product, so that a row's value does not depend on the rows beside it.
+    """
+    m = st.m
+    cnt, small, slots = counts[..., :m], counts[..., m : 2 * m], counts[..., 2 * m :]
+    if cnt.ndim == 2:  # (R, M): one state per row
+        c, mm = cpu[:, None], mem[:, None]
+        mok, kd, wn = st.mok[rows], st.kd[rows], st.wn[rows]
+    else:  # (R, C, M): candidates per row
+        c, mm = cpu[:, None, None], mem[:, None, None]
+        mok, kd, wn = st.mok[rows][:, None], st.kd[rows][:, None], st.wn[rows][:, None]
+    ok = (cnt >= st.k) & (c >= st.c_lo) & (mm >= st.mm_lo) & mok
+    frag = (np.where(ok, small, idle[..., None]) * st.w).sum(-1)
+    if not st.fill:
+        return frag, None
+    fill = FILL_WEIGHT * fill_frag(st, idle[..., None], slots, _copies_by_host(st, c, mm), kd, wn)
+    fill += host_stranded(st, rows, idle, c[..., 0], mm[..., 0])
+    return frag, fill
+
+
 def delta(
     st: Stats,
     rows: Any,
@@ -249,27 +326,20 @@ def delta(
 ) -> np.ndarray:
     """Growth of the node's fragmentation for after-states given as (R, ..., 3M) counts.
 
-    FGD's measure, blended with the copies-that-fit measure when the stats keep it.
+    FGD's measure, blended with the CPU-aware part when the stats keep it (``measures``).
     ``idle2`` (R, ...) is the idle milli after; ``cpu2``, ``mem2`` (R,) what is left free.
     """
-    m = st.m
-    cnt, small, slots = counts[..., :m], counts[..., m : 2 * m], counts[..., 2 * m :]
-    if cnt.ndim == 2:  # (R, M): one after-state per row
-        cpu, mem = cpu2[:, None], mem2[:, None]
-        mok, kd, wn = st.mok[rows], st.kd[rows], st.wn[rows]
-        before, before_fill = st.frag[rows], st.frag_fill[rows]
-    else:  # (R, C, M): candidates per row
-        cpu, mem = cpu2[:, None, None], mem2[:, None, None]
-        mok, kd, wn = st.mok[rows][:, None], st.kd[rows][:, None], st.wn[rows][:, None]
-        before, before_fill = st.frag[rows][:, None], st.frag_fill[rows][:, None]
-    ok = (cnt >= st.k) & (cpu >= st.c_lo) & (mem >= st.mm_lo) & mok
-    out = np.where(ok, small, idle2[..., None]) @ st.w
-    out -= before
-    if st.fill:  # blend in the copies-that-fit measure (see FILL_WEIGHT)
-        host = _copies_by_host(st, cpu, mem)
-        fill = fill_frag(st, idle2[..., None], slots, host, kd, wn)
-        out = (1 - FILL_WEIGHT) * out + FILL_WEIGHT * (fill - before_fill)
-    return out
+    frag, fill = measures(st, rows, idle2, counts, cpu2, mem2)
+    return _growth(st, rows, frag, fill)
+
+
+def _growth(st: Stats, rows: Any, frag: np.ndarray, fill: np.ndarray | None) -> np.ndarray:
+    before = st.frag[rows] if frag.ndim == 1 else st.frag[rows][:, None]
+    out = frag - before
+    if fill is None:
+        return out
+    before_fill = st.frag_fill[rows] if frag.ndim == 1 else st.frag_fill[rows][:, None]
+    return (1 - FILL_WEIGHT) * out + (fill - before_fill)
 
 
 def frag_delta(
@@ -337,10 +407,13 @@ def frag_score(
     policy: str,
     rows: Any,
     fitted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:
-    """(score, chosen GPU) of the rows under ``fragmentation`` or ``fgd`` (inf: no fit).
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...] | None]:
+    """(score, chosen GPU, after-states) of the rows under ``fragmentation`` or ``fgd``.
 
-    ``fitted``: the rows' free milli, milli per GPU, GPUs with room and whether the node fits.
+    Score inf: no fit. ``fitted``: the rows' free milli, milli per GPU, GPUs with room and
+    whether the node fits. The after-states of ``fragmentation`` ((2, R) frag and frag_fill
+    of each row with the request placed, nan where it does not fit) let ``allocate`` skip
+    refreshing the row it fills (``adopt``).
     """
     gm, s, fits, ok = fitted
     score = np.full(len(gm), _INF)
@@ -348,7 +421,7 @@ def frag_score(
     # only rows that fit are scored: late in a busy cluster most rows are full
     sel = np.flatnonzero(ok)
     if not len(sel):
-        return score, choice
+        return score, choice, None
     sub = sel if isinstance(rows, slice) else rows[sel]
     if policy == "fragmentation":
         gms, ss = gm[sel], s[sel]
@@ -358,81 +431,17 @@ def frag_score(
             choice[sel] = c
         else:
             g, _ = candidates(r, gms, gms >= ss[:, None])
-        d = delta(
-            st,
-            sub,
-            gms.sum(1) - r.gpus * ss,
-            after(st, sub, g, ss)[:, 0],
-            state.cpus_free[sub] - r.cpus,
-            state.mem_free_gb[sub] - r.mem_gb,
-        )
+        counts = after(st, sub, g, ss)[:, 0]
+        cpu2, mem2 = state.cpus_free[sub] - r.cpus, state.mem_free_gb[sub] - r.mem_gb
+        frag, fill = measures(st, sub, gms.sum(1) - r.gpus * ss, counts, cpu2, mem2)
+        d = _growth(st, sub, frag, fill)
         if r.gpus and ss.min() < MILLI:  # whole GPUs lose nothing: they take a GPU's all
             d += LOSS_WEIGHT * slot_loss(st, g[:, 0], ss[:, None]).sum(1)
         score[sel] = d
-    else:
-        score[sel], choice[sel] = frag_delta(
-            state, st, sub, r, s[sel], gm[sel], fits[sel], quantize=True
-        )
-    return score, choice
-
-
-def model_pressure(state: ClusterState, mix: ShapeMix) -> np.ndarray:
-    """Cost per GPU-milli taken on each model: how much constrained work leans on its idle GPUs.
-
-    A group of requests that may run only on some models, with a share ``w`` of all GPU demand,
-    makes each idle GPU of those models worth ``w * idle / idle of those models`` extra: taking
-    such a GPU for work that could go elsewhere costs the group more as its supply runs low.
-    """
-    idle = np.where(state.node_up, state.gm.sum(1), 0)
-    by_model = np.bincount(state.model_id, weights=idle, minlength=len(state.models))
-    total = max(by_model.sum(), 1.0)
-    value = np.zeros(len(state.models))
-    for models, w in mix.model_demand:
-        which = state._models_of(models)
-        value[which] += w * total / max(by_model[which].sum(), MILLI)
-    return value
-
-
-@dataclass
-class FragMetrics:
-    """How usable the free capacity is (shares are of the GPUs on up nodes)."""
-
-    allocated_share: float
-    unallocated_share: float
-    free_nodes_by_size: dict[int, int]  # GPUs per node -> nodes with every GPU wholly free
-    largest_placeable_gpus: int  # most whole free GPUs on one up node
-    frag_ratio: float  # share of the free GPU capacity the shape mix cannot use (FGD)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "allocated_share": self.allocated_share,
-            "unallocated_share": self.unallocated_share,
-            "free_nodes_by_size": {str(k): v for k, v in self.free_nodes_by_size.items()},
-            "largest_placeable_gpus": self.largest_placeable_gpus,
-            "frag_ratio": self.frag_ratio,
-        }
-
-
-def metrics(state: ClusterState, shape_mix: ShapeMix | None = None) -> FragMetrics:
-    """Fragmentation figures of the up nodes, from the same arrays the packer uses."""
-    up = state.node_up
-    total = int(state.gpu_count[up].sum()) * MILLI
-    free = int(state.gm[up].sum())
-    whole = (state.gm == MILLI).sum(1)
-    empty = up & (whole == state.gpu_count) & (state.gpu_count > 0)
-    by_size: dict[int, int] = {}
-    for g in state.gpu_count[empty]:
-        by_size[int(g)] = by_size.get(int(g), 0) + 1
-    mix = shape_mix or state.arrival_mix() or state._default_mix()
-    frag = float(
-        stats_for(state, mix, False).frag[up].sum()
-    )  # FGD's measure, comparable across policies
-    alloc = 1.0 - free / total if total else 0.0
-    return FragMetrics(
-        alloc,
-        1.0 - alloc if total else 0.0,
-        dict(sorted(by_size.items())),
-        int(whole[up].max()) if up.any() else 0,
-        frag / free if free else 0.0,
+        states = np.full((2, len(gm)), np.nan)
+        states[0, sel], states[1, sel] = frag, fill
+        return score, choice, states
+    score[sel], choice[sel] = frag_delta(
+        state, st, sub, r, s[sel], gm[sel], fits[sel], quantize=True
     )
+    return score, choice, None

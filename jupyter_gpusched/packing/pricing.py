@@ -80,13 +80,35 @@ def _knapsack(size: list[int], value: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _lp_max(a: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Maximise c.x subject to a x <= 1, x >= 0 (bounded: every size fits some row)."""
-    from scipy.optimize import linprog  # imported here: only mixes of GPU shares need it
+    """Maximise c.x subject to a x <= 1, x >= 0 (bounded: every size fits some row).
 
-    res = linprog(-c, A_ub=a, b_ub=np.ones(len(a)), bounds=(0, None), method="highs")
-    if not res.success:  # pragma: no cover - the LP is feasible (x = 0) and bounded
-        raise RuntimeError(f"pricing GPU sizes failed: {res.message}")
-    return np.maximum(res.x, 0.0)
+    Solved with HiGHS directly (``highspy``, ~12 MB) rather than through scipy (~110 MB).
+    """
+    import highspy  # imported here: only mixes of GPU shares need it
+
+    rows, cols = a.shape
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = cols, rows
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.col_cost_ = c.astype(np.float64)
+    lp.col_lower_ = np.zeros(cols)
+    lp.col_upper_ = np.full(cols, highspy.kHighsInf)
+    lp.row_lower_ = np.full(rows, -highspy.kHighsInf)
+    lp.row_upper_ = np.ones(rows)
+    at = np.asarray(a, dtype=np.float64).T  # column by column: HiGHS's compressed columns
+    nz = at != 0
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.concatenate(([0], np.cumsum(nz.sum(1)))).astype(np.int32)
+    lp.a_matrix_.index_ = np.nonzero(nz)[1].astype(np.int32)
+    lp.a_matrix_.value_ = at[nz]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # pragma: no cover - x = 0
+        # is feasible and every size fits some row, so the LP is bounded
+        raise RuntimeError(f"pricing GPU sizes failed: {h.modelStatusToString(h.getModelStatus())}")
+    return np.maximum(np.asarray(h.getSolution().col_value, dtype=np.float64), 0.0)
 
 
 def slot_loss(st: Stats, free: np.ndarray, take: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import csv
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,15 @@ def load_tasks(path: str | Path) -> list[PackRequest]:
             )
         )
     return out
+
+
+def scale_cpu_only(tasks: Sequence[PackRequest], factor: float) -> list[PackRequest]:
+    """The tasks with the CPUs of every CPU-only task (``gpus == 0``) multiplied by ``factor``.
+
+    Builds the CPU-heavy variants of a trace (``bench/cpu_heavy.py``): when CPU-only work asks
+    for 2-2.5x its usual CPUs, CPU rather than GPU runs out first on many nodes.
+    """
+    return [replace(t, cpus=t.cpus * factor) if t.gpus == 0 else t for t in tasks]
 
 
 def _read_csv(path: str | Path) -> list[dict[str, str]]:

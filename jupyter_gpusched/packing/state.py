@@ -16,7 +16,7 @@ import numpy as np
 
 from jupyter_gpusched.core.errors import InvalidSpecError
 
-from .fragmentation import Stats, stats_for
+from .fragmentation import Stats, adopt, stats_for
 from .mix import MILLI, ShapeMix, weighted_mix
 
 
@@ -85,6 +85,9 @@ class _Fit:
     s: np.ndarray  # (N,) milli per GPU the request takes on each node
     static_ok: np.ndarray  # (N,) model allowed and share <= 1 on that node
     step: int = -1
+    #: (2, N) frag and frag_fill each row would have with the request placed as scored
+    #: (``fragmentation`` only): ``allocate`` takes them instead of refreshing the row
+    after: np.ndarray | None = None
 
 
 class ClusterState:
@@ -129,6 +132,8 @@ class ClusterState:
         self._model_sets: dict[tuple[str, ...], np.ndarray] = {}
         self._hosts: dict[PackRequest, tuple[np.ndarray, str, str | None]] = {}
         self._room: tuple[int, np.ndarray] = (-1, np.zeros(0))  # (step, most-room key per node)
+        # (step, reply, stats, frag, frag_fill): the reply pack gave and its scored after-state
+        self._offer: tuple[Any, ...] | None = None
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[NodeShape]) -> ClusterState:
@@ -170,14 +175,19 @@ class ClusterState:
         i = self._node(placement.node)
         take = _milli(float(placement.share_per_gpu))
         idx = list(placement.gpu_indices)
-        if any(self.gm[i, j] < take for j in idx):
+        row = self.gm[i]
+        if idx and (row[idx] < take).any():
             raise InvalidSpecError("placement", f"GPUs {idx} on {self.node_names[i]} lack room")
         c = float(cpus if cpus is not None else getattr(placement, "cpus", 0.0) or 0.0)
         m = float(mem_gb if mem_gb is not None else getattr(placement, "mem_gb", 0.0) or 0.0)
-        self.gm[i, idx] -= take
+        row[idx] -= take
         self.cpus_free[i] -= c
         self.mem_free_gb[i] -= m
         self._touch(i)
+        offer, self._offer = self._offer, None
+        if offer is not None and offer[0] == self.step - 1 and offer[1] is placement:
+            if c == placement.cpus and m == placement.mem_gb:  # as scored: same CPUs, memory
+                adopt(self, offer[2], i, offer[3], offer[4])
 
     def release(
         self,
@@ -255,6 +265,7 @@ class ClusterState:
             setattr(new, name, getattr(self, name).copy())
         new._stats, new._fits, new._orders = {}, {}, dict(self._orders)
         new._room = (-1, np.zeros(0))
+        new._offer = None
         new._log = list(self._log)
         new._arrivals = dict(self._arrivals)
         return new
