@@ -21,7 +21,12 @@ from jupyter_gpusched.core.clock import ManualClock
 # Scenario helpers assert what a user should see: rewrite them for readable failures.
 pytest.register_assert_rewrite("_lab_scenarios", "_fixtures_failover")
 
-pytest_plugins = ["_fixtures_postgres", "_fixtures_server", "_fixtures_live_server"]
+pytest_plugins = [
+    "_fixtures_postgres",
+    "_fixtures_server",
+    "_fixtures_live_server",
+    "_fixtures_slurm",
+]
 
 _JUPYTER_PLUGIN = "pytest_jupyter.jupyter_server"
 

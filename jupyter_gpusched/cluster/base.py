@@ -66,6 +66,8 @@ class JobStatus:
     lost: bool = False  # the node cannot tell (unreachable) — the scheduler counts these
     detail: str | None = None
     checkpoint_at: datetime | None = None  # last checkpoint the job reported (running only)
+    # GPUs the job holds when the cluster engine chose them (Slurm), for the placement
+    gpu_indices: tuple[int, ...] | None = None
 
 
 @dataclass

@@ -22,29 +22,34 @@ PORT_KEYS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"
 #: Environment variable of a lease: the directory the remote kernel should work in, if the
 #: node has it (the simulated nodes share this machine's filesystem; real ones usually not).
 KERNEL_CWD_ENV = "GPUSCHED_KERNEL_CWD"
+#: Environment variable of a lease: the address the kernel binds instead of 127.0.0.1, when
+#: the server reaches the node's address rather than forwarding over SSH (Slurm nodes).
+KERNEL_IP_ENV = "GPUSCHED_KERNEL_IP"
 MODULE = "jupyter_gpusched.node.kernel"
 
 
 def serve_kernel(connection_file: str) -> None:
-    """Replace this process with an ipykernel bound to 127.0.0.1 (keeps pid and group).
+    """Replace this process with an ipykernel (keeps pid and group).
 
-    The connection file is resolved against the start directory (the job's), then the kernel
-    moves to ``$GPUSCHED_KERNEL_CWD`` when that directory exists here.
+    It binds 127.0.0.1, or ``$GPUSCHED_KERNEL_IP`` when set (a node the server reaches
+    directly). The connection file is resolved against the start directory (the job's), then
+    the kernel moves to ``$GPUSCHED_KERNEL_CWD`` when that directory exists here.
     """
     path = os.path.abspath(os.path.expanduser(connection_file))
     os.environ.pop("JPY_PARENT_PID", None)
     cwd = os.environ.pop(KERNEL_CWD_ENV, "")
+    ip = os.environ.pop(KERNEL_IP_ENV, "") or "127.0.0.1"
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     os.umask(0o077)  # the connection file holds the session key
-    _write_curve_connection(path)
+    _write_curve_connection(path, ip)
     argv = [
         sys.executable,
         "-m",
         "ipykernel_launcher",
         "-f",
         path,
-        "--ip=127.0.0.1",
+        f"--ip={ip}",
         "--transport=tcp",
         "--HistoryManager.enabled=False",
     ]
@@ -52,7 +57,7 @@ def serve_kernel(connection_file: str) -> None:
     os.execv(sys.executable, argv)
 
 
-def _write_curve_connection(path: str) -> None:
+def _write_curve_connection(path: str, ip: str = "127.0.0.1") -> None:
     """Pre-write the connection file with CurveZMQ keys (ports 0: the kernel picks them).
 
     Over TCP any local user of a shared node could otherwise subscribe to IOPub and read the
@@ -71,7 +76,7 @@ def _write_curve_connection(path: str) -> None:
     public, secret = zmq.curve_keypair()
     info = {
         "transport": "tcp",
-        "ip": "127.0.0.1",
+        "ip": ip,
         "key": secrets.token_hex(32),
         "signature_scheme": "hmac-sha256",
         **{k: 0 for k in PORT_KEYS},

@@ -77,6 +77,13 @@ class JobTracker:
         if status.running:
             if job.state is JobState.STARTING:
                 job = self.move(job.id, JobState.RUNNING, expect=JobState.STARTING)
+            p = job.placement
+            if p is not None and status.gpu_indices is not None:
+                if list(status.gpu_indices) != p.gpu_indices:  # the engine picked other GPUs
+                    moved = p.model_copy(
+                        update={"gpu_indices": list(status.gpu_indices), "gpu_uuids": []}
+                    )
+                    job = self.store.update_job(job.id, placement=moved, event=None)
             mark = status.checkpoint_at.isoformat() if status.checkpoint_at else None
             if mark and job.handle.get("checkpoint_at") != mark:  # what a stop would lose
                 # Re-read: a stop may have marked the handle while this poll was out.

@@ -23,6 +23,7 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Enum, Float, List, Set, Type, Unicode, default, validate
 from traitlets import TraitError as _TraitError
+from traitlets.config import Configurable
 
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.packing.packer import POLICIES
@@ -160,7 +161,10 @@ class GpuSchedApp(ExtensionApp):
         backend_class(node_configs, clock=clock, inventory_interval_s=...), with one
         jupyter_gpusched.cluster.ssh.NodeConfig per entry of `nodes` -- or, when `nodes` is
         empty, per node of the embedded simulated cluster, whose nodes are loopback SSH
-        servers: the default SshBackend serves both.""",
+        servers: the default SshBackend serves both. A configurable backend also gets
+        parent=this app (its traits are read from the same config); one whose class sets
+        finds_its_nodes (jupyter_gpusched.cluster.slurm.SlurmBackend) never gets the
+        simulated cluster.""",
     ).tag(config=True)
 
     @default("store_url")
@@ -359,7 +363,9 @@ class GpuSchedApp(ExtensionApp):
         from jupyter_gpusched.store.store import Store
 
         clock = SystemClock()
-        if self.nodes:
+        # A backend that finds its nodes itself (Slurm) takes `nodes` as SSH access only.
+        finds_nodes = bool(getattr(self.backend_class, "finds_its_nodes", False))
+        if self.nodes or finds_nodes:
             node_configs = [NodeConfig(**_node_kwargs(n, self.known_hosts)) for n in self.nodes]
         else:
             from pathlib import Path
@@ -372,8 +378,11 @@ class GpuSchedApp(ExtensionApp):
                 specs = tuple(SimNodeSpec(**n) for n in self.sim_nodes)
             self._sim = SimCluster(specs, base_dir=Path(self.sim_dir) if self.sim_dir else None)
             node_configs = await self._sim.start()
+        extra: dict[str, Any] = {}
+        if issubclass(self.backend_class, Configurable):
+            extra["parent"] = self  # its own traits come from the same config files
         backend = self.backend_class(
-            node_configs, clock=clock, inventory_interval_s=self.inventory_interval_s
+            node_configs, clock=clock, inventory_interval_s=self.inventory_interval_s, **extra
         )
         policy = GpuSchedPolicy(parent=self).to_policy_config()
         scheduler = self.scheduler_class(

@@ -1,0 +1,118 @@
+"""The node side of the Slurm backend: logs, files and lease kernels' ports.
+
+What the plugins ask a backend for beyond the job protocol (``run``, ``forward_local_port``,
+``node_config``, ``get_file``), and the job logs. Files are on the filesystem the service shares
+with the nodes; a node named in the app's ``nodes`` is reached over SSH instead (lease kernels
+on nodes whose address the service cannot reach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from jupyter_gpusched.core.errors import BackendError
+from jupyter_gpusched.core.models import Job
+
+from ..ssh.config import NodeConfig, RemoteResult
+from .access import Relay, SharedFiles, run_local
+from .parse import SlurmNode
+from .states import JobStates
+
+
+class NodeSide:
+    """Mixed into :class:`~.backend.SlurmBackend`, whose state it reads."""
+
+    # Set by the backend.
+    _ssh: Any
+    _nodes: dict[str, SlurmNode]
+    _owners: dict[str, str | None]
+    states: JobStates
+    python: str
+
+    def _env(self) -> dict[str, str]:
+        raise NotImplementedError  # the backend's
+
+    def _of(self, job: Job) -> tuple[int, str | None, dict[str, Any]]:
+        raise NotImplementedError  # the backend's
+
+    async def read_log(self, job: Job, *, offset: int = 0, limit: int = 65536) -> bytes:
+        """Up to ``limit`` bytes of the job's log from ``offset`` (empty before it exists)."""
+        _, user, h = self._of(job)
+        return await SharedFiles(self._env()).read(user, str(h["log"]), offset, limit)
+
+    async def follow_log(self, job: Job, *, offset: int = 0) -> AsyncIterator[bytes]:
+        """Yield the log as it grows, until the job has ended (per the latest poll)."""
+        slurm_id, user, h = self._of(job)
+        files = SharedFiles(self._env())
+        while True:
+            chunk = await files.read(user, str(h["log"]), offset, 65536)
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+                continue
+            row = self.states.last.get(slurm_id)
+            if row is not None and not row.active:
+                while chunk := await files.read(user, str(h["log"]), offset, 65536):
+                    offset += len(chunk)
+                    yield chunk
+                return
+            await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------------ nodes, for plugins
+    def _over_ssh(self, node: str) -> bool:
+        return self._ssh is not None and node in self._ssh.node_names
+
+    def _address(self, node: str) -> str:
+        known = self._nodes.get(node)
+        return known.addr if known is not None else node
+
+    def node_config(self, node: str) -> NodeConfig:
+        """How a node is reached (its interpreter, for notebook and lease commands)."""
+        if self._over_ssh(node):
+            return self._ssh.node_config(node)  # type: ignore[no-any-return]
+        return NodeConfig(name=node, host=self._address(node), python=self.python)
+
+    async def run(
+        self,
+        node: str,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = 60.0,
+        check: bool = False,
+        input: str | bytes | None = None,
+        encoding: str | None = "utf-8",
+    ) -> RemoteResult:
+        """Run ``argv`` for ``node``: over SSH when configured, else here (shared files)."""
+        if self._over_ssh(node):
+            return await self._ssh.run(  # type: ignore[no-any-return]
+                node, argv, timeout_s=timeout_s, check=check, input=input, encoding=encoding
+            )
+        result = await run_local(
+            argv, env=None, timeout_s=timeout_s, input=input, encoding=encoding
+        )
+        if check and result.exit_status != 0:
+            raise BackendError(f"{argv[0]} exited with {result.exit_status}: {result.stderr}")
+        return result
+
+    async def forward_local_port(
+        self,
+        node: str,
+        remote_host: str,
+        remote_port: int,
+        *,
+        local_port: int = 0,
+        listen_host: str = "127.0.0.1",
+    ) -> Any:
+        """A local port reaching a node's port: an SSH forward, or a relay to its address."""
+        if self._over_ssh(node):
+            return await self._ssh.forward_local_port(
+                node, remote_host, remote_port, local_port=local_port, listen_host=listen_host
+            )
+        return await Relay.open(node, listen_host, local_port, remote_host, remote_port)
+
+    async def get_file(self, node: str, remote: str, local: str) -> None:
+        """Copy a file of a job dir (shared filesystem) to ``local``, as its owner."""
+        owner = next((u for d, u in self._owners.items() if remote.startswith(d + "/")), None)
+        await SharedFiles(self._env()).fetch(owner, remote, local)
