@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Install what the tests drive for real: Debian's PostgreSQL (store tests), OpenSSH's sshd (SSH
-# backend tests) and Chromium (lab panel tests), and configurable-http-proxy from npm (the
-# proxy of the JupyterHub tests) into the repo-local, gitignored .cache/chp. Skips what is present.
+# backend tests), Chromium (lab panel tests), Slurm's slurmctld + slurmd + client and munge
+# (Slurm backend tests; nothing is started or enabled here, the tests start their own cluster)
+# and sudo (jobs submitted as their owner), and configurable-http-proxy from npm (the proxy of
+# the JupyterHub tests) into the repo-local, gitignored .cache/chp. Skips what is present.
 set -euo pipefail
 need=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+[ -x /usr/bin/sbatch ] || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
+[ -x /usr/bin/sudo ] || need+=(sudo)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2

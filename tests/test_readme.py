@@ -70,3 +70,20 @@ def test_the_readme_service_and_client_configs_load_into_the_traits() -> None:
     assert client.service_url == "http://gpu-head:10101/" and client.service_token.startswith(
         "gsk_"
     )
+
+
+def test_the_readme_slurm_config_selects_and_configures_the_slurm_backend() -> None:
+    from jupyter_gpusched.cluster.slurm import SlurmBackend
+    from jupyter_gpusched.core.clock import SystemClock
+
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Using an existing Slurm cluster", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    c = Config()
+    exec(block, {"c": c})  # noqa: S102 - our own README
+    app = GpuSchedApp(config=c)
+    assert app.backend_class is SlurmBackend
+    backend = SlurmBackend(clock=SystemClock(), config=c)
+    assert (backend.partition, backend.run_as) == ("gpu", "owner")
+    assert backend.gpu_mem_gb == {"a100": 80.0, "v100": 32.0}
+    assert backend.sbatch_args == ["--account=lab"]

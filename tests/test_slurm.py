@@ -157,6 +157,7 @@ async def test_cancel_signals_the_job_which_gets_its_grace_to_checkpoint(
     assert ours == ["ready", "checkpointing", "saved"]
 
 
+@pytest.mark.slow
 async def test_a_job_that_ignores_term_is_killed_after_the_grace(backend: SlurmBackend) -> None:
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     job = await launched(backend, make_job([sys.executable, "-c", code], gpus=1), at(0))
