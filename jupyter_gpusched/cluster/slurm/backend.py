@@ -22,6 +22,7 @@ import pwd
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from socket import AF_INET
 from typing import Any
 
 from traitlets import Dict, Enum, Float, List, Unicode, default
@@ -137,7 +138,7 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         self.records = LaunchRecords(self.state_dir)
         self.states = JobStates(self._run_slurm, self._is_ours)
         self._owners: dict[str, str | None] = {}  # job dir -> its owner, for file access
-        self._script = os.path.join(self.records.dir, "..", "gpusched-batch.sh")
+        self._script = os.path.join(os.path.dirname(self.records.dir), "gpusched-batch.sh")
 
     # ------------------------------------------------------------------ plumbing
     def _env(self) -> dict[str, str]:
@@ -323,7 +324,7 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
             log=f"{job_dir}/output.log",
             script=os.path.abspath(self._script),
             command=command,
-            env=self._job_env(job, name, job_dir, placement.node),
+            env=await self._job_env(job, name, job_dir, placement.node),
             partition=self.partition,
             extra=self.sbatch_args,
         )
@@ -349,10 +350,10 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         first = placement.gpu_indices[0]
         return node.gpu_types[first] if first < len(node.gpu_types) else ""
 
-    def _job_env(self, job: Job, name: str, job_dir: str, node: str) -> dict[str, str]:
+    async def _job_env(self, job: Job, name: str, job_dir: str, node: str) -> dict[str, str]:
         env = {**job.spec.env, **self.job_env}
         if job.spec.kind is JobKind.LEASE and not self._over_ssh(node):
-            env[KERNEL_IP_ENV] = self._address(node)
+            env[KERNEL_IP_ENV] = await self._ip(node)
         env.update(
             GPUSCHED_JOB_ID=str(job.id),
             GPUSCHED_JOB_DIR=job_dir,
@@ -360,6 +361,15 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
             GPUSCHED_LAUNCH_RECORD=self.records.path(name),
         )
         return env
+
+    async def _ip(self, node: str) -> str:
+        """The node's address as an IP (its kernel binds it; zmq takes no host names)."""
+        addr = self._address(node)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(addr, None, family=AF_INET)
+        except OSError:
+            raise NodeRefusedError(f"cannot resolve the address {addr!r} of node {node}") from None
+        return str(infos[0][4][0])
 
     async def claim_launch(self, job: Job, placement: Placement) -> LaunchResult | None:
         """The attempt's Slurm job if it was launched; else claim it so that none ever runs."""
@@ -381,14 +391,8 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         except BackendError as exc:
             return JobStatus(running=False, lost=True, detail=exc.message)
         if row is None:  # the controller forgot it, and accounting is off: our exit record
-            code = await self._recorded_exit(user, h)
-            if code is not None:
-                return JobStatus(running=False, exit_code=code)
-            return JobStatus(
-                running=False,
-                lost=True,
-                detail=f"Slurm no longer knows job {slurm_id} and it left no exit record",
-            )
+            # None when it left none (killed by a signal): it ended all the same, long ago.
+            return JobStatus(running=False, exit_code=await self._recorded_exit(user, h))
         if row.state in LOST_JOB_STATES:
             return JobStatus(running=False, lost=True, detail=f"Slurm job {slurm_id}: {row.state}")
         if row.active:
@@ -418,9 +422,10 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
             await self._run_slurm(["scancel", sid], user)
             return
         await self._run_slurm(["scancel", "--signal=TERM", "--full", sid], user)
-        deadline = self._clock.monotonic() + grace_s
-        while self._clock.monotonic() < deadline:
-            await asyncio.sleep(min(0.2, max(0.0, deadline - self._clock.monotonic())))
+        loop = asyncio.get_running_loop()  # real time: the job's own grace, not the queue's
+        deadline = loop.time() + grace_s
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
             row = (await self.states.squeue([slurm_id])).get(slurm_id)
             if row is None or not row.active or row.state == "COMPLETING":
                 return

@@ -52,8 +52,9 @@ class NodeSide:
                 offset += len(chunk)
                 yield chunk
                 continue
+            known = slurm_id in self.states.last
             row = self.states.last.get(slurm_id)
-            if row is not None and not row.active:
+            if known and (row is None or not row.active):  # ended (or forgotten by Slurm)
                 while chunk := await files.read(user, str(h["log"]), offset, 65536):
                     offset += len(chunk)
                     yield chunk

@@ -41,7 +41,7 @@ class JobStates:
         self._ours = ours
         self._want: set[int] = set()
         self._round: asyncio.Future[dict[int, JobRow]] | None = None
-        self.last: dict[int, JobRow] = {}  # the latest row of every job asked about
+        self.last: dict[int, JobRow | None] = {}  # latest row of each job asked about (None: gone)
         # our running jobs: Slurm job id -> (node, GPU indices, our job id)
         self.gpus: dict[int, tuple[str, tuple[int, ...], int]] = {}
         self.sacct_works: bool | None = None  # None until tried
@@ -74,6 +74,7 @@ class JobStates:
                 self.gpus.pop(r.job_id, None)
         for job_id in ids - set(rows):
             self.gpus.pop(job_id, None)
+            self.last[job_id] = None
         self.last.update(rows)
         return rows
 
@@ -118,10 +119,12 @@ class JobStates:
         result = await self._slurm(["squeue", "--json"])
         if result.exit_status != 0:
             raise BackendError(f"squeue --json failed: {str(result.stderr).strip()[-500:]}")
+        gpus = {}
         for row in parse_squeue_json(result.stdout).values():
             job_id = self._ours(row.job_id, row.name) if row.active and row.started else None
             if job_id is not None:
-                self.gpus[row.job_id] = (row.node, row.gpus or (), job_id)
+                gpus[row.job_id] = (row.node, row.gpus or (), job_id)
+        self.gpus = gpus  # every job Slurm runs is listed: ours that ended drop out
 
     def ours_on(self, node: str) -> dict[int, int]:
         """GPU index -> our job id, for our jobs known to run on ``node``."""
