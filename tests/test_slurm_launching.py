@@ -142,3 +142,29 @@ async def test_a_cancel_while_starting_stops_the_slurm_job(
     final = sched.get_job(job.id)
     if final.handle.get("slurm_job_id"):  # it had been submitted: it was stopped
         assert not (await sched.backend.poll(final)).running
+
+
+async def test_the_placement_follows_the_gpus_slurm_gave_the_job(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    out = tmp_path / "cuda"
+    code = (
+        f"import os, time; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES']); "
+        "time.sleep(1.5)"
+    )
+    job = sched.submit(
+        parse_spec({"kind": "script", "command": [sys.executable, "-c", code]}, user="ann")
+    )
+    placed = sched.store.transition(
+        job.id,
+        JobState.STARTING,
+        placement=Placement(node=NODE, gpu_indices=[3]),  # where our packer wanted it
+        started_at=NOW,
+        handle={"node": NODE, "attempt": 0},
+    )
+    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    done = sched.get_job(job.id)
+    assert done.state is JobState.SUCCEEDED
+    assert placed.placement is not None and placed.placement.gpu_indices == [3]
+    assert done.placement is not None
+    assert ",".join(map(str, done.placement.gpu_indices)) == out.read_text() == "0"
