@@ -134,7 +134,6 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
             self._ssh = NodePool(nodes, clock=clock, inventory_interval_s=inventory_interval_s)
         self._nodes: dict[str, SlurmNode] = {}
         self._inventory: list[NodeInventory] = []
-        self._inventory_error: str | None = None
         self.records = LaunchRecords(self.state_dir)
         self.states = JobStates(self._run_slurm, self._is_ours)
         self._owners: dict[str, str | None] = {}  # job dir -> its owner, for file access
@@ -234,9 +233,7 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
                 await self.states.learn_gpus()  # ours that just started, or others'
         except BackendError as exc:
             # The controller is away: keep the last picture (jobs keep running meanwhile).
-            self._inventory_error = exc.message
             return [_with_error(n, exc.message) for n in self._inventory]
-        self._inventory_error = None
         self._nodes = {n.name: n for n in nodes}
         self._inventory = [self._node_inventory(n) for n in nodes]
         return self._inventory
