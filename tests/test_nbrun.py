@@ -6,10 +6,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
+from _fixtures_polling import wait_for
 
 from jupyter_gpusched.node.nbrun import first_line, parse_progress, progress_line
 
@@ -76,13 +77,13 @@ def test_sigterm_saves_what_ran_and_exits_143(tmp_path: Path) -> None:
     write_notebook(tmp_path / "long.ipynb", ["print('one')", "import time\ntime.sleep(60)"])
     proc = nbrun("long.ipynb", "--output", "out.ipynb", cwd=tmp_path)
     assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until the second cell runs
-        line = proc.stdout.readline()
-        seen.append(line)
-        if (parse_progress(line) or {}).get("cell") == 2:
-            break
+    seen: list[str] = []
+
+    def next_line() -> dict[str, Any]:
+        seen.append(proc.stdout.readline())  # type: ignore[union-attr]
+        return parse_progress(seen[-1]) or {}
+
+    wait_for(next_line, lambda p: p.get("cell") == 2, interval_s=0, what="the second cell")
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
 

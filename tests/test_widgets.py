@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ from jupyter_gpusched.client.widgets import COLOURS, ClusterMap
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api  # noqa: E402
+from _fixtures_polling import wait_for_async  # noqa: E402
 
 CLUSTER = {
     "nodes": [
@@ -183,10 +182,7 @@ async def test_the_live_map_follows_a_job_starting_and_ending(live_server: Any) 
     )
 
     async def until(check: Any) -> None:
-        deadline = time.monotonic() + 30
-        while not check(w.get_state()):
-            assert time.monotonic() < deadline, w.get_state()
-            await asyncio.sleep(0.05)
+        await wait_for_async(w.get_state, check, what="the widget's state")
 
     def gpus_of_job(state: dict[str, Any]) -> list[str]:
         return [g["state"] for n in state["nodes"] for g in n["gpus"] if job["id"] in g["jobs"]]
