@@ -387,6 +387,7 @@ def test_bad_arguments_print_one_line_in_the_ipython_shell(
     assert captured.stderr == ""
 
 
+@pytest.mark.slow  # imports the whole server in a fresh interpreter
 def test_importing_the_server_extension_does_not_import_ipython() -> None:
     import subprocess
     import sys

@@ -68,6 +68,7 @@ def _subset_cluster() -> tuple[list[NodeShape], list[PackRequest]]:
     return nodes, load_tasks(DATA / "openb_pod_list_default.csv")
 
 
+@pytest.mark.slow  # replays a quarter of the trace
 @needs_data
 def test_fragmentation_beats_best_fit_on_a_quarter_of_openb() -> None:
     nodes, tasks = _subset_cluster()
@@ -86,6 +87,7 @@ def test_fragmentation_beats_best_fit_on_a_quarter_of_openb() -> None:
 UNALLOC_SUBSET_MAX = 4.4
 
 
+@pytest.mark.slow  # replays the trace
 @needs_data
 def test_simulate_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(
