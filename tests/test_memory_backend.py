@@ -106,7 +106,7 @@ async def test_an_unreachable_node_loses_its_jobs_until_it_is_back() -> None:
     with pytest.raises(BackendError, match="t4-0"):
         await backend.launch(job(2, clock), T4)
     t4 = next(n for n in await backend.inventory() if n.name == "t4-0")
-    assert not t4.up and t4.error
+    assert (t4.up, t4.error, len(t4.gpus)) == (False, "node t4-0 is unreachable", 2)
     backend.bring_up("t4-0")
     assert (await backend.poll(running)).running  # it went on running there
 

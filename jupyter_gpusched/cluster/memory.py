@@ -205,8 +205,10 @@ class MemoryBackend:
         nodes = []
         for name, spec in self._specs.items():
             if name in self._down:
+                # As the SSH backend does: the shape last seen, marked down, with the reason.
                 why = f"node {name} is {self._down[name]}"
-                nodes.append(NodeInventory(name, (), 0.0, 0.0, up=False, error=why))
+                gpus = self._gpus[name]
+                nodes.append(NodeInventory(name, gpus, spec.cpus, spec.mem_gb, False, why, now))
                 continue
             procs: dict[int, list[GpuProcess]] = {g.index: [] for g in self._gpus[name]}
             for launch in self.launches:
