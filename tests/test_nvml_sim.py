@@ -68,6 +68,14 @@ def spawn(state_path: Path) -> Iterator:
         full = {"PATH": os.environ["PATH"], nvml_sim.STATE_ENV: str(state or state_path), **env}
         proc = subprocess.Popen(argv, env=full, start_new_session=True)
         procs.append(proc)
+        # Popen returns once exec passed its point of no return; the new environment shows in
+        # /proc a moment later, and the simulator finds processes by it.
+        marker = f"{nvml_sim.STATE_ENV}=".encode()
+        wait_for(
+            lambda: marker in Path(f"/proc/{proc.pid}/environ").read_bytes(),
+            interval_s=0.005,
+            what=f"{argv} to start",
+        )
         return proc
 
     yield start
