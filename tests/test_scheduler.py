@@ -2,7 +2,7 @@
 
 Queue order, admission, packing, backfill, preemption, moves, limits and events depend on what
 the backend reports, not on how jobs run: these tests run in milliseconds. What real processes,
-SSH, lost nodes and reattaching after a restart do is in ``test_scheduler_sim.py``.
+SSH, lost nodes and restarts do is in ``test_scheduler_sim.py``.
 """
 
 from __future__ import annotations
@@ -195,7 +195,9 @@ async def test_night_moves_a_small_batch_job_to_open_a_node_for_a_big_one(tmp_pa
         )
 
 
-async def test_a_node_kept_for_a_waiting_job_is_kept_across_a_restart(tmp_path: Path) -> None:
+async def test_a_node_kept_for_a_waiting_job_stays_free_until_the_claim_lapses(
+    tmp_path: Path,
+) -> None:
     async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
         a100 = {"gpu_models": ["A100"]}
         later = (SATURDAY_NIGHT + timedelta(hours=1)).isoformat()
@@ -204,14 +206,16 @@ async def test_a_node_kept_for_a_waiting_job_is_kept_across_a_restart(tmp_path: 
         h.sched.store.update_job(
             waiting.id, handle={"kept_node": {"node": "a100-0", "until": until}}
         )
-        await h.restart()  # what keeps the node is in the store, not in the scheduler
         first = h.submit(gpus=8, **a100)
         await h.settle(first.id, state=JobState.RUNNING)
         assert h.job(first.id).placement.node == "a100-1"  # type: ignore[union-attr]
         second = h.submit(gpus=8, **a100)
         await h.sched.tick()
         assert h.job(second.id).state is JobState.QUEUED
-        h.clock.advance(16 * 60)  # the claim lapses
+        h.clock.advance(15 * 60 - 1)
+        await h.sched.tick()
+        assert h.job(second.id).state is JobState.QUEUED  # kept to the second
+        h.clock.advance(2)  # the claim lapses
         await h.settle(second.id, state=JobState.RUNNING)
         assert h.job(second.id).placement.node == "a100-0"  # type: ignore[union-attr]
 

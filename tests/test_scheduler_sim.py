@@ -1,7 +1,7 @@
 """The scheduler on the simulated cluster: real SSH, real processes, real restarts.
 
 The integration half of the scheduler's tests: what launching, exit codes, logs, killing,
-checkpoint reports, dropped nodes and reattaching after a restart really do. The policy and
+checkpoint reports, dropped nodes, reattaching and what a restart keeps really do. The policy and
 placement decisions are tested on the in-memory cluster in ``test_scheduler.py``.
 """
 
@@ -12,7 +12,7 @@ import os
 from datetime import datetime, timedelta
 
 import pytest
-from _fixtures_scheduler import MONDAY_9AM, Harness, py, sim, sim_harness
+from _fixtures_scheduler import MONDAY_9AM, SATURDAY_NIGHT, Harness, py, sim, sim_harness
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.core.errors import ConflictError, ForbiddenError
@@ -77,6 +77,33 @@ async def test_restart_reattaches_running_jobs_and_keeps_queued_ones(sim_harness
         if e.to_state is JobState.STARTING
     ]
     assert len(started) == 1  # never started twice
+
+
+@pytest.mark.asyncio
+async def test_a_node_kept_for_a_waiting_job_is_kept_across_a_restart(
+    sim_harness: Harness,
+) -> None:
+    harness = sim_harness
+    harness.clock.set(SATURDAY_NIGHT)
+    sleep = {"command": py("import time; time.sleep(60)"), "gpu_models": ["A100"]}
+    later = (SATURDAY_NIGHT + timedelta(hours=1)).isoformat()
+    waiting = harness.submit(gpus=8, not_before=later, **sleep)
+    until = (SATURDAY_NIGHT + timedelta(minutes=15)).isoformat()
+    harness.sched.store.update_job(
+        waiting.id, handle={"kept_node": {"node": "a100-0", "until": until}}
+    )
+    await harness.restart()  # what keeps the node is in the store, not in the scheduler
+    first = harness.submit(gpus=8, **sleep)
+    await harness.settle(first.id, state=JobState.RUNNING)
+    assert harness.job(first.id).placement.node == "a100-1"  # type: ignore[union-attr]
+    second = harness.submit(gpus=8, **sleep)
+    await harness.sched.tick()
+    assert harness.job(second.id).state is JobState.QUEUED
+    harness.clock.advance(16 * 60)  # the claim lapses
+    await harness.settle(second.id, state=JobState.RUNNING)
+    assert harness.job(second.id).placement.node == "a100-0"  # type: ignore[union-attr]
+    for job in (waiting, first, second):
+        await harness.sched.cancel(job.id, user="alice")
 
 
 @pytest.mark.asyncio
