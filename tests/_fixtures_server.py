@@ -208,6 +208,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_jupyter_env(root: Path) -> dict[str, str]:
+    """This process's environment for a child on Jupyter dirs of its own under ``root``.
+
+    The server a kernel would find (``GPUSCHED_URL``...) and a Hub token are left out.
+    """
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(root / "config"),
+        "JUPYTER_DATA_DIR": str(root / "data"),
+        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+    for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN", "JUPYTERHUB_API_TOKEN"):
+        env.pop(key, None)
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    return env
+
+
 class ServerProcess:
     """``jupyter server`` in a subprocess with our extension, on its own Jupyter dirs."""
 
@@ -216,16 +234,7 @@ class ServerProcess:
         self.token = token
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.env = {
-            **os.environ,
-            "JUPYTER_CONFIG_DIR": str(root / "config"),
-            "JUPYTER_DATA_DIR": str(root / "data"),
-            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-            "JUPYTER_PLATFORM_DIRS": "1",
-        }
-        for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN"):
-            self.env.pop(key, None)
-        (root / "config").mkdir(parents=True, exist_ok=True)
+        self.env = own_jupyter_env(root)
         config = {
             "ServerApp": {
                 # only ours: the others installed here (lab, lsp, ...) cost seconds to load
