@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	rm -rf jupyter_gpusched/labextension
+	# [test] includes [server] (the Jupyter host's dependencies) and what the tests build with
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 

@@ -3,7 +3,9 @@
 The full-size run of ``tests/test_failover.py``: a throw-away PostgreSQL, the simulated nodes in
 a process of their own, two ``jupyter gpusched service`` processes (leader lease TTL 3 s), 200
 batch jobs of 0.5-6 s on 1, 2 or 4 GPUs, an every-minute notebook definition, and the leader
-killed with kill -9 at random moments (after each kill the victim comes back as a standby).
+killed with kill -9 at random moments (after each kill the victim comes back as a standby),
+then hung with SIGSTOP until a standby takes over (its lease must expire: the TTL-bound case)
+and woken up again (its late writes must be refused).
 Prints jobs lost, jobs run twice, GPU overlaps, duplicate cron firings and each takeover time
 (kill -> the standby says it leads).
 
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--freezes", type=int, default=1, help="leaders hung with SIGSTOP")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     bindir = _find_bindir()
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(rng.uniform(2.0, 8.0))
             _, took_s = pair.kill_leader()
             takeovers.append(took_s)
+        frozen = []
+        for _ in range(args.freezes):
+            time.sleep(rng.uniform(2.0, 5.0))
+            frozen.append(pair.freeze_leader())
         while True:
             live = pair.leader()
             jobs = {j["id"]: j for j in live.api("GET", "jobs?limit=1000", token=token)["jobs"]}
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU overlaps: {len(seen.overlaps)} {seen.overlaps or ''}")
         print(f"cron firings: {len(times)}, duplicates: {len(times) - len(set(times))}")
         print("takeover after kill -9: " + ", ".join(f"{t:.1f} s" for t in takeovers))
+        print("takeover from a leader hung (SIGSTOP): " + ", ".join(f"{t:.1f} s" for t in frozen))
         return 0 if not (not_ok or seen.overlaps or len(times) != len(set(times))) else 1
     finally:
         if pair is not None:

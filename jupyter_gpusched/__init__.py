@@ -1,4 +1,8 @@
-"""jupyter-gpusched: one GPU queue for a lab, living in Jupyter."""
+"""jupyter-gpusched: one GPU queue for a lab, living in Jupyter.
+
+This module is imported on GPU nodes too (``jupyter_gpusched.node`` runs there on the base
+install): it imports nothing beyond the standard library at module level.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +39,19 @@ def checkpointed(when: float | None = None) -> None:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    """Where jupyter_server finds the extension app (imported only when the server loads it)."""
-    from .server.app import GpuSchedApp
+    """Where jupyter_server finds the extension app (imported only when the server loads it).
 
+    The wheel's server config enables the extension wherever the package is installed, also on
+    a GPU node's base install, which lacks the extension's dependencies: say how to get them.
+    """
+    try:
+        from .server.app import GpuSchedApp
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith(__name__):
+            raise
+        raise ModuleNotFoundError(
+            f"the jupyter_gpusched server extension needs {exc.name!r}, one of the Jupyter "
+            'host\'s dependencies: pip install "jupyter-gpusched[server]"',
+            name=exc.name,
+        ) from None
     return [{"module": "jupyter_gpusched.server.app", "app": GpuSchedApp}]

@@ -110,6 +110,30 @@ class Pair:
             time.sleep(0.1)
         raise AssertionError("no service took over within 60 s")
 
+    def freeze_leader(self) -> float:
+        """SIGSTOP the leader until a standby leads, then SIGCONT it; the time to take over.
+
+        A hung leader's process is alive, so only its lease's expiry lets another take over;
+        when it wakes up its writes must be refused (fencing) and it must stand by.
+        """
+        self.wait_standby()
+        victim = self.leader()
+        assert victim.proc is not None
+        before = {id(s): len(led_at(s.log_text())) for s in self.services}
+        frozen_at = time.time()
+        victim.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                for s in self.services:
+                    stamps = led_at(s.log_text())
+                    if s is not victim and len(stamps) > before[id(s)]:
+                        return max(0.0, stamps[-1] - frozen_at)
+                time.sleep(0.1)
+            raise AssertionError("no standby took over from a frozen leader within 60 s")
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+
 
 def led_at(log: str) -> list[float]:
     """Wall times at which a service's log says it started to lead."""

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -157,22 +157,31 @@ def start_lab(
             args, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     server = LabServer(f"http://127.0.0.1:{port}/", token, root, proc, log_path)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited {proc.returncode}")
         try:
             server.api("api/status")
-            if not wait_for_cluster or len(server.api("gpusched/api/cluster")["nodes"]) == len(
+            return not wait_for_cluster or len(server.api("gpusched/api/cluster")["nodes"]) == len(
                 SIM_NODES
-            ):
-                return server
+            )
         except urllib.error.HTTPError as err:  # e.g. 503 until the scheduler runs
             err.close()
-        except (urllib.error.URLError, ConnectionError, KeyError, json.JSONDecodeError):
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_lab(server)
-            raise RuntimeError(f"jupyter lab did not come up:\n{server.log_tail()}")
-        time.sleep(0.25)
+            return False
+
+    try:
+        wait_for(
+            up,
+            timeout_s=60,
+            interval_s=0.25,
+            ignoring=(urllib.error.URLError, ConnectionError, KeyError, json.JSONDecodeError),
+            what="jupyter lab to come up",
+        )
+    except (AssertionError, RuntimeError) as exc:
+        stop_lab(server)
+        raise RuntimeError(f"{exc}; jupyter lab did not come up:\n{server.log_tail()}") from None
+    return server
 
 
 def stop_lab(server: LabServer) -> None:

@@ -5,7 +5,6 @@ Import the fixtures into a test module: ``from _fixtures_notebooks import nb_har
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -14,6 +13,7 @@ from typing import Any
 
 import nbformat
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 
 from jupyter_gpusched.batch.notebooks import NotebookPlugin
 from jupyter_gpusched.batch.requests import build_submission, parse_request
@@ -123,15 +123,13 @@ class NbHarness:
         return self.sched.get_job(job_id)
 
     async def until(self, pred: Callable[[], bool], timeout_s: float = 60.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not pred():
-            if loop.time() > deadline:
-                jobs, _ = self.sched.list_jobs(limit=100)
-                states = [(j.id, j.state, j.reason) for j in jobs]
-                raise AssertionError(f"timed out; jobs: {states}")
-            await self.sched.tick()
-            await asyncio.sleep(0.05)
+        """Tick until ``pred()`` holds."""
+
+        def states(_: object) -> str:
+            jobs, _ = self.sched.list_jobs(limit=100)
+            return f"jobs: {[(j.id, j.state, j.reason) for j in jobs]}"
+
+        await wait_for_async(pred, step=self.sched.tick, timeout_s=timeout_s, what=states)
 
     async def settle(self, *ids: int) -> list[Job]:
         """Tick until the jobs ended and their end hooks ran; the jobs."""

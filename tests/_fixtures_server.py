@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from importlib import resources
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _fixtures_polling import wait_for, wait_for_async
 from jsonschema import Draft202012Validator
 from jupyter_server.auth.identity import IdentityProvider, User
 from referencing import Registry, Resource
@@ -177,16 +177,12 @@ class ApiClient:
 
     async def wait_state(self, job_id: int, *states: str, timeout_s: float = 20.0) -> dict:
         """Poll until the job is in one of ``states``."""
-        import asyncio
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = await self.get(job_id)
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} stayed {job['state']}, wanted {states}")
-            await asyncio.sleep(0.05)
+        return await wait_for_async(
+            lambda: self.get(job_id),
+            lambda job: job["state"] in states,
+            timeout_s=timeout_s,
+            what=lambda job: f"job {job_id} to be {states}; it stayed {job['state']}",
+        )
 
 
 @pytest.fixture
@@ -212,6 +208,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_jupyter_env(root: Path) -> dict[str, str]:
+    """This process's environment for a child on Jupyter dirs of its own under ``root``.
+
+    The server a kernel would find (``GPUSCHED_URL``...) and a Hub token are left out.
+    """
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(root / "config"),
+        "JUPYTER_DATA_DIR": str(root / "data"),
+        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+    for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN", "JUPYTERHUB_API_TOKEN"):
+        env.pop(key, None)
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    return env
+
+
 class ServerProcess:
     """``jupyter server`` in a subprocess with our extension, on its own Jupyter dirs."""
 
@@ -220,16 +234,7 @@ class ServerProcess:
         self.token = token
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.env = {
-            **os.environ,
-            "JUPYTER_CONFIG_DIR": str(root / "config"),
-            "JUPYTER_DATA_DIR": str(root / "data"),
-            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-            "JUPYTER_PLATFORM_DIRS": "1",
-        }
-        for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN"):
-            self.env.pop(key, None)
-        (root / "config").mkdir(parents=True, exist_ok=True)
+        self.env = own_jupyter_env(root)
         config = {
             "ServerApp": {
                 # only ours: the others installed here (lab, lsp, ...) cost seconds to load
@@ -264,25 +269,36 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log_text()}")
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited {proc.returncode}:\n{self.log_text()}")
+            req = urllib.request.Request(
+                self.url + "gpusched/api/jobs?limit=1",
+                headers={"Authorization": f"token {self.token}"},
+            )
             try:
-                req = urllib.request.Request(
-                    self.url + "gpusched/api/jobs?limit=1",
-                    headers={"Authorization": f"token {self.token}"},
-                )
                 with urllib.request.urlopen(req, timeout=5) as resp:
-                    if resp.status == 200:
-                        return self
+                    return bool(resp.status == 200)
             except urllib.error.HTTPError as err:  # e.g. 503 until the scheduler runs
                 err.close()
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server did not answer within {timeout_s}s:\n{self.log_text()}")
+                return False
+
+        try:
+            wait_for(
+                answers,
+                timeout_s=timeout_s,
+                interval_s=0.1,
+                ignoring=(urllib.error.URLError, ConnectionError, TimeoutError),
+                what="the server to answer",
+            )
+        except AssertionError:
+            self.stop()
+            raise RuntimeError(
+                f"server did not answer within {timeout_s}s:\n{self.log_text()}"
+            ) from None
+        return self
 
     def stop(self, timeout_s: float = 30.0, sig: int = signal.SIGTERM) -> int | None:
         """SIGTERM (a clean shutdown; SIGKILL for a crash), then wait; the exit status."""

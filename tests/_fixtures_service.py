@@ -9,7 +9,6 @@ extension forwards to the service as ``user``.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _fixtures_server import ServerProcess, _free_port, extension_config
+from _fixtures_server import ServerProcess, _free_port, extension_config, own_jupyter_env
 
 
 class ServiceProcess:
@@ -37,16 +36,7 @@ class ServiceProcess:
         self.root = root
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.env = {
-            **os.environ,
-            "JUPYTER_CONFIG_DIR": str(root / "config"),
-            "JUPYTER_DATA_DIR": str(root / "data"),
-            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-            "JUPYTER_PLATFORM_DIRS": "1",
-        }
-        for key in ("GPUSCHED_URL", "GPUSCHED_TOKEN", "JUPYTERHUB_API_TOKEN"):
-            self.env.pop(key, None)
-        (root / "config").mkdir(parents=True, exist_ok=True)
+        self.env = own_jupyter_env(root)
         gpusched = extension_config(root, sim_dir=sim_dir, **overrides)
         if store_url:
             gpusched["store_url"] = store_url

@@ -19,13 +19,13 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncssh
+from _fixtures_polling import wait_for, wait_for_async
 
 import jupyter_gpusched
 from jupyter_gpusched.cluster.base import JobStatus
@@ -357,14 +357,17 @@ class Sshd:
         self._proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(config)], stdout=self._log, stderr=subprocess.STDOUT
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+        proc = self._proc
+
+        def listening() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError((self.private / "sshd.log").read_text())
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                return
-            time.sleep(0.02)
-        raise RuntimeError("sshd did not start listening within 10 s")
+            with socket.create_connection(("127.0.0.1", self.port)):
+                return True
+
+        wait_for(
+            listening, timeout_s=10, interval_s=0.02, ignoring=(OSError,), what="sshd to listen"
+        )
 
     def stop(self) -> None:
         """Stop sshd, kill what the tests left running, remove the test's job dirs."""
@@ -423,12 +426,12 @@ def script_job(job_id: int, command: list[str], clock: ManualClock, **spec: Any)
 
 async def ended(backend: SshBackend, job: Job) -> JobStatus:
     """Poll until the job ended (20 s at most); its final status."""
-    for _ in range(400):
-        status = await backend.poll(job)
-        if not status.running:
-            return status
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job.id} still running after 20 s")
+    return await wait_for_async(
+        lambda: backend.poll(job),
+        lambda status: not status.running,
+        timeout_s=20,
+        what=f"job {job.id} to end",
+    )
 
 
 async def launched(backend: SshBackend, job: Job, placement: Placement) -> Job:

@@ -42,6 +42,36 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+#: Tests using these fixtures are marked ``slow``: a Jupyter server, a lab or a browser in a
+#: subprocess, notebook kernels or the scheduler over real SSH on the simulated cluster, a fresh
+#: node venv, PostgreSQL.
+SLOW_FIXTURES = frozenset(
+    {
+        "live_server",
+        "module_server",
+        "server_process",
+        "fuzz_server",
+        "lab_server",
+        "chromium",
+        "nb_sim",
+        "sim_harness",
+        "node_python",
+        "postgres_server_url",
+    }
+)
+#: ...and so are tests with these markers (a browser, Debian's sshd, PostgreSQL).
+SLOW_MARKERS = ("browser", "sshd", "postgres")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` what needs a slow peer, so ``pytest -m "not slow"`` is a fast inner loop."""
+    for item in items:
+        needs = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if needs or any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if config.pluginmanager.has_plugin(_JUPYTER_PLUGIN):
         return "gpusched: in-process Jupyter server tests (tests/inproc) only"

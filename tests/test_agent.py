@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import wait_for
 from _fixtures_ssh import REPO_ROOT, fake_gpu_bin, gpu_state, kill_marked
 
 from jupyter_gpusched.node.probe import short_model
@@ -57,22 +57,15 @@ def launch_sh(node: dict[str, Any], name: str, script: str) -> Any:
 
 
 def wait_ended(env: dict[str, str], job: dict[str, Any]) -> dict[str, Any]:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        answer = agent(
-            env,
-            "status",
-            "--job-dir",
-            job["job_dir"],
-            "--pid",
-            str(job["pid"]),
-            "--start-time",
-            str(job["start_time"]),
+    args = ["--job-dir", job["job_dir"], "--pid", str(job["pid"])]
+    return dict(
+        wait_for(
+            lambda: agent(env, "status", *args, "--start-time", str(job["start_time"])),
+            lambda answer: not answer["running"],
+            timeout_s=20,
+            what="the job to end",
         )
-        if not answer["running"]:
-            return dict(answer)
-        time.sleep(0.05)
-    raise AssertionError("job did not end within 20 s")
+    )
 
 
 @pytest.mark.parametrize(
@@ -248,9 +241,7 @@ def test_kill_terms_the_group_and_the_wrapper_records_the_signal(node: dict[str,
 
 def test_kill_escalates_to_sigkill_after_the_grace_period(node: dict[str, Any]) -> None:
     job = launch_sh(node, "j5", "trap '' TERM; echo ready; while :; do sleep 0.1; done")
-    deadline = time.monotonic() + 10
-    while b"ready" not in Path(job["log"]).read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: b"ready" in Path(job["log"]).read_bytes(), interval_s=0.02, what="ready")
     result = agent(
         node["env"],
         "kill",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _fixtures_polling import wait_for
 
 from jupyter_gpusched.client.api import GpuSchedClient
 from jupyter_gpusched.core.api import JobView
@@ -16,11 +16,12 @@ FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 def wait_state(client: GpuSchedClient, job_id: int, *states: str, timeout_s: float = 30) -> JobView:
-    deadline = time.monotonic() + timeout_s
-    while (job := client.get_job(job_id)).state not in states:
-        assert time.monotonic() < deadline, f"job {job_id} stayed {job.state}"
-        time.sleep(0.05)
-    return job
+    return wait_for(
+        lambda: client.get_job(job_id),
+        lambda job: job.state in states,
+        timeout_s=timeout_s,
+        what=f"job {job_id} to be {states}",
+    )
 
 
 @pytest.mark.slow

@@ -6,11 +6,11 @@ import asyncio
 import gc
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _fixtures_polling import wait_for
 
 from jupyter_gpusched.cli import app as cli
 from jupyter_gpusched.cli.formats import format_cluster
@@ -46,11 +46,11 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def wait_state(client: GpuSchedClient, job_id: int, *states: str) -> JobView:
-    deadline = time.monotonic() + 30
-    while (job := client.get_job(job_id)).state not in states:
-        assert time.monotonic() < deadline, job
-        time.sleep(0.05)
-    return job
+    return wait_for(
+        lambda: client.get_job(job_id),
+        lambda job: job.state in states,
+        what=f"job {job_id} to be {states}",
+    )
 
 
 def sockets_to(port: int) -> list[socket.socket]:

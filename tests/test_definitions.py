@@ -270,6 +270,7 @@ def assert_exactly_once(store: Store, steps: int, n_defs: int = 3) -> None:
         assert d.fire_count == steps
 
 
+@pytest.mark.slow  # two firer processes race over 60 steps
 def test_two_firers_sharing_a_sqlite_store_never_fire_twice(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     store = race_firers(url, utc(2026, 11, 23, 9), steps=60)

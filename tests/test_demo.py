@@ -7,6 +7,7 @@ import pytest
 from jupyter_gpusched.cli.demo import run_demo
 
 
+@pytest.mark.slow  # the demo's workload on the simulated cluster, real processes
 @pytest.mark.asyncio
 async def test_demo_workload_behaves_as_expected_on_the_embedded_cluster() -> None:
     out = io.StringIO()

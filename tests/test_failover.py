@@ -64,6 +64,9 @@ def test_killing_the_leader_loses_repeats_and_overlaps_nothing(
             time.sleep(rng.uniform(1.0, 3.0))
             _, took_s = pair.kill_leader()
             takeovers.append(took_s)
+        # a hung leader: only its lease's expiry (3 s here) frees the queue; once it wakes up
+        # it must stand by, its late writes refused
+        frozen_s = pair.freeze_leader()
         deadline = time.monotonic() + 240
         while True:
             live = pair.leader()
@@ -82,7 +85,9 @@ def test_killing_the_leader_loses_repeats_and_overlaps_nothing(
         times = [r["fire_at"] for r in fired["runs"]]
         assert len(times) == len(set(times))
         assert all(t < 10.0 for t in takeovers), takeovers
-        print(f"takeover after kill -9: {', '.join(f'{t:.1f} s' for t in takeovers)}")
+        assert frozen_s < 15.0, frozen_s
+        print(f"takeover after kill -9: {', '.join(f'{t:.1f} s' for t in takeovers)}; "
+              f"after SIGSTOP: {frozen_s:.1f} s")  # fmt: skip
     finally:
         for service in pair.services:
             service.stop()

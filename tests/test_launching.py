@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_scheduler import sim  # noqa: F401  (the fixture)
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.ssh import SshBackend
@@ -30,17 +31,7 @@ ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 @pytest_asyncio.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[SimCluster]:
-    cluster = SimCluster(base_dir=tmp_path / "sim")
-    await cluster.start()
-    try:
-        yield cluster
-    finally:
-        await cluster.stop(kill_jobs=True)
-
-
-@pytest_asyncio.fixture
-async def sched(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Scheduler]:
+async def sched(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Scheduler]:  # noqa: F811
     clock = ManualClock(NOW)
     backend = SshBackend(sim.node_configs(), clock=SystemClock())
     scheduler = Scheduler(

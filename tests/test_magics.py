@@ -10,7 +10,6 @@ import json
 import os
 import re
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from jupyter_gpusched.core.api import JobView, Window
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
+from _fixtures_polling import wait_for  # noqa: E402
 
 PNG_CELL = """%%gpu
 import struct, zlib
@@ -234,13 +234,12 @@ def test_submit_runs_the_script_in_the_notebook_directory(
     job_id = int(said.split()[3])
     job = api(live_server, "GET", f"jobs/{job_id}")
     assert job["spec"]["command"] == ["python3", "job.py", "--greeting", "hi"]
-    for _ in range(200):
-        job = api(live_server, "GET", f"jobs/{job_id}")
-        if job["state"] in ("succeeded", "failed"):
-            break
-        import time
-
-        time.sleep(0.05)
+    job = wait_for(
+        lambda: api(live_server, "GET", f"jobs/{job_id}"),
+        lambda job: job["state"] in ("succeeded", "failed"),
+        timeout_s=10,
+        what=f"job {job_id} to end",
+    )
     assert job["state"] == "succeeded", job
     assert job["spec"]["workdir"] == str(Path(job["spec"]["files"][0]).parent)
 
@@ -251,11 +250,13 @@ def test_submit_notebook_runs_it_with_typed_parameters_and_writes_the_result_bes
     said = text(cells["submit_nb"])
     assert said.startswith("%gpu: submitted params.ipynb as job "), said
     job_id = int(said.split()[5])
-    deadline = time.monotonic() + 90
-    job = api(live_server, "GET", f"jobs/{job_id}")
-    while "output_notebook" not in job["spec"]["labels"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-        job = api(live_server, "GET", f"jobs/{job_id}")
+    job = wait_for(
+        lambda: api(live_server, "GET", f"jobs/{job_id}"),
+        lambda job: "output_notebook" in job["spec"]["labels"],
+        timeout_s=90,
+        interval_s=0.2,
+        what="the executed notebook",
+    )
     assert job["state"] == "succeeded", job
     assert job["spec"]["parameters"] == {"lr": 0.1, "tag": "base"}
     executed = nbformat.read(Path(job["spec"]["labels"]["output_notebook"]), as_version=4)
@@ -404,6 +405,7 @@ def test_bad_arguments_print_one_line_in_the_ipython_shell(
     assert captured.stderr == f"UsageError: {line.format(cwd=os.getcwd())}\n"
 
 
+@pytest.mark.slow  # imports the whole server in a fresh interpreter
 def test_importing_the_server_extension_does_not_import_ipython() -> None:
     import subprocess
     import sys

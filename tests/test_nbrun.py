@@ -6,10 +6,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
+from _fixtures_polling import wait_for
 
 from jupyter_gpusched.node.nbrun import first_line, parse_progress, progress_line
 
@@ -28,6 +30,7 @@ def progress_of(log: str) -> list[dict]:
     return [d for d in map(parse_progress, log.splitlines()) if d is not None]
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: Path) -> None:
     write_notebook(tmp_path / "plain.ipynb", ["print(repr(greeting), repr(times))"])
     proc = nbrun(
@@ -48,6 +51,7 @@ def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: 
     assert progress_of(log)[-1] == {"done": True, "status": "succeeded", "exit_code": 0}
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_the_kernel_talks_over_private_unix_sockets_not_tcp(tmp_path: Path) -> None:
     code = "import ipykernel.kernelapp as k; print(k.IPKernelApp.instance().transport)"
     write_notebook(tmp_path / "where.ipynb", [code])
@@ -60,6 +64,7 @@ def test_the_kernel_talks_over_private_unix_sockets_not_tcp(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ipynb", "where.ipynb"]
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> None:
     write_notebook(tmp_path / "long.ipynb", ["print('started')", "import time\ntime.sleep(60)"])
     proc = nbrun("long.ipynb", "--output", "out.ipynb", "--job-timeout-s", "4", cwd=tmp_path)
@@ -72,17 +77,18 @@ def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> 
     assert nb.metadata["gpusched"]["exit_code"] == 124
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_sigterm_saves_what_ran_and_exits_143(tmp_path: Path) -> None:
     write_notebook(tmp_path / "long.ipynb", ["print('one')", "import time\ntime.sleep(60)"])
     proc = nbrun("long.ipynb", "--output", "out.ipynb", cwd=tmp_path)
     assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until the second cell runs
-        line = proc.stdout.readline()
-        seen.append(line)
-        if (parse_progress(line) or {}).get("cell") == 2:
-            break
+    seen: list[str] = []
+
+    def next_line() -> dict[str, Any]:
+        seen.append(proc.stdout.readline())  # type: ignore[union-attr]
+        return parse_progress(seen[-1]) or {}
+
+    wait_for(next_line, lambda p: p.get("cell") == 2, interval_s=0, what="the second cell")
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
 
@@ -103,6 +109,7 @@ def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "gone.ipynb not found" in log
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_the_fallback_input_is_used_when_no_copy_was_staged(tmp_path: Path) -> None:
     shared = write_notebook(tmp_path / "shared" / "nb.ipynb", ["print('from shared')"])
     (tmp_path / "job").mkdir()

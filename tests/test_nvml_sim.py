@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pynvml
 import pytest
+from _fixtures_polling import wait_for
 
 from jupyter_gpusched.cluster.sim import nvml as nvml_sim
 
@@ -68,6 +68,14 @@ def spawn(state_path: Path) -> Iterator:
         full = {"PATH": os.environ["PATH"], nvml_sim.STATE_ENV: str(state or state_path), **env}
         proc = subprocess.Popen(argv, env=full, start_new_session=True)
         procs.append(proc)
+        # Popen returns once exec passed its point of no return; the new environment shows in
+        # /proc a moment later, and the simulator finds processes by it.
+        marker = f"{nvml_sim.STATE_ENV}=".encode()
+        wait_for(
+            lambda: marker in Path(f"/proc/{proc.pid}/environ").read_bytes(),
+            interval_s=0.005,
+            what=f"{argv} to start",
+        )
         return proc
 
     yield start
@@ -204,10 +212,11 @@ def test_live_process_uses_the_memory_it_declared_on_its_visible_gpus(
 def test_zombie_process_is_not_counted(nv: ModuleType, spawn) -> None:
     job = spawn(["sleep", "60"], CUDA_VISIBLE_DEVICES="0", GPUSCHED_GPU_MEM_MB="1000")
     os.kill(job.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{job.pid}/stat").read_text().split(") ")[1][0] != "Z":
-        assert time.monotonic() < deadline, "the killed child never became a zombie"
-        time.sleep(0.01)
+    wait_for(
+        lambda: Path(f"/proc/{job.pid}/stat").read_text().split(") ")[1][0] == "Z",
+        interval_s=0.01,
+        what="the killed child to become a zombie",
+    )
     refresh()
 
     assert processes(nv)[0] == []
@@ -225,10 +234,7 @@ def test_child_that_inherits_the_declaration_is_counted_once(nv: ModuleType, spa
     shell = spawn(
         ["/bin/sh", "-c", "sleep 60; true"], CUDA_VISIBLE_DEVICES="0", GPUSCHED_GPU_MEM_MB="3000"
     )
-    deadline = time.monotonic() + 10
-    while not children_of(shell.pid):
-        assert time.monotonic() < deadline, "the shell never started its child"
-        time.sleep(0.01)
+    wait_for(lambda: children_of(shell.pid), interval_s=0.01, what="the shell's child")
     refresh()
 
     assert processes(nv)[0] == [(shell.pid, 3000.0)]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_live_server import execute, notebook, text
+from _fixtures_live_server import api, execute, notebook, text
 from _fixtures_server import ServerProcess
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import (
@@ -39,16 +39,7 @@ class TokenLab:
         self.servers = servers
 
     def call(self, user: str, method: str, path: str, body: Any = None) -> Any:
-        server = self.servers[user]
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            server.url + "gpusched/api/" + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
+        return api(self.servers[user], method, path, body)
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
         return self.service.api(method, path, body, token=self.service.admin_token)

@@ -10,7 +10,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES, SimNodeSpec, gpu_state
@@ -81,13 +81,6 @@ def session_of(pid: int) -> int | None:
 
 def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
-
-
-async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        await asyncio.sleep(0.02)
 
 
 # ---- the cluster's shape --------------------------------------------------------------------
@@ -227,11 +220,11 @@ async def test_hang_up_kills_the_command_but_not_a_detached_job(sim: SimCluster)
         attached = int(await process.stdout.readline())
         detached = int(await process.stdout.readline())
         # setsid runs in the background: hang up only once it has its own session
-        await wait_until(lambda: session_of(detached) == detached, "setsid to take effect")
+        await wait_for_async(lambda: session_of(detached) == detached, what="setsid to take effect")
         process.close()  # the client goes away without waiting for the command
 
     try:
-        await wait_until(lambda: not alive(attached), "the attached sleep to be killed")
+        await wait_for_async(lambda: not alive(attached), what="the attached sleep to be killed")
         assert alive(detached)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -309,7 +302,7 @@ async def test_detached_jobs_survive_a_network_drop_but_not_a_crash(sim: SimClus
     assert alive(job)
     await sim.start_node("a100-0")
     await sim.stop_node("a100-0", kill_jobs=True)
-    await wait_until(lambda: not alive(job), "the crashed node's job to die")
+    await wait_for_async(lambda: not alive(job), what="the crashed node's job to die")
 
 
 @pytest.mark.asyncio
@@ -323,7 +316,7 @@ async def test_stop_of_a_temporary_cluster_kills_its_jobs_and_removes_its_dir() 
 
     await cluster.stop()
 
-    await wait_until(lambda: not alive(job), "the job to be killed")
+    await wait_for_async(lambda: not alive(job), what="the job to be killed")
     assert not base.exists()
 
 

@@ -74,6 +74,7 @@ def _subset_cluster() -> tuple[list[NodeShape], list[PackRequest]]:
     return nodes, load_tasks(DATA / "openb_pod_list_default.csv")
 
 
+@pytest.mark.slow  # replays a quarter of the trace
 @needs_data
 def test_fragmentation_beats_best_fit_on_a_quarter_of_openb() -> None:
     nodes, tasks = _subset_cluster()
@@ -119,6 +120,7 @@ def test_fragmentation_keeps_the_lead_when_cpu_only_tasks_ask_2_5x_the_cpus() ->
 UNALLOC_CPU_HEAVY_MAX = 15.0
 
 
+@pytest.mark.slow  # replays the trace
 @needs_data
 def test_simulate_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(

@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 from _fixtures_ssh import (
     InProcessSshServer,
     check_a_fresh_backend_reattaches,
@@ -383,11 +384,9 @@ async def test_a_follower_that_stops_reading_ends_on_the_node(
     first = await stream.__anext__()
     assert followers_of(job.handle["log"])
     await stream.aclose()
-    for _ in range(100):
-        if not followers_of(job.handle["log"]):
-            break
-        await asyncio.sleep(0.05)
-    remaining = followers_of(job.handle["log"])
+    remaining = await wait_for_async(
+        lambda: followers_of(job.handle["log"]), lambda followers: not followers, timeout_s=5
+    )
     await backend.cancel(job, grace_s=1)
     assert first.startswith(b"tick\n") and remaining == []
 

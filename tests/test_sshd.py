@@ -16,6 +16,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 from _fixtures_ssh import (
     SSHD,
     Sshd,
@@ -112,10 +113,7 @@ async def test_launch_log_and_cancel_over_openssh(backend: SshBackend, clock: Ma
         [1],
     )
     assert (await backend.poll(job)).running
-    for _ in range(100):
-        if await backend.read_log(job):
-            break
-        await asyncio.sleep(0.05)
+    await wait_for_async(lambda: backend.read_log(job), timeout_s=5, what="the job's first output")
     await backend.cancel(job, grace_s=5)
     status = await backend.poll(job)
     assert (status.running, status.exit_code) == (False, 9)

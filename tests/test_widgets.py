@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +14,7 @@ from jupyter_gpusched.core.api import Cluster, EventMessage, JobView
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
 from _fixtures_live_server import api  # noqa: E402
+from _fixtures_polling import wait_for_async  # noqa: E402
 
 AT = datetime(2026, 11, 23, 10, tzinfo=UTC)
 CLUSTER_JSON: dict[str, Any] = {
@@ -234,10 +233,7 @@ async def test_the_live_map_follows_a_job_starting_and_ending(live_server: Any) 
     )
 
     async def until(check: Any) -> None:
-        deadline = time.monotonic() + 30
-        while not check(w.get_state()):
-            assert time.monotonic() < deadline, w.get_state()
-            await asyncio.sleep(0.05)
+        await wait_for_async(w.get_state, check, what="the widget's state")
 
     def gpus_of_job(state: dict[str, Any]) -> list[str]:
         return [g["state"] for n in state["nodes"] for g in n["gpus"] if job["id"] in g["jobs"]]

@@ -66,8 +66,13 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _wrap(job_dir: str, argv: list[str], report_fd: int) -> int:
-    """Body of the wrapper process: run the job, report its pid, record how it ended."""
+def _wrap(job_dir: str, argv: list[str], report_fd: int, answer: dict[str, Any]) -> int:
+    """Body of the wrapper process: run the job, record its launch, record how it ended.
+
+    The wrapper writes the launch record itself, right after starting the job: it is already
+    detached (its own session), so an agent killed mid-launch (its SSH channel closed) cannot
+    leave a job running without a record.
+    """
     child = 0
 
     def forward(signum: int, _frame: Any) -> None:
@@ -79,24 +84,37 @@ def _wrap(job_dir: str, argv: list[str], report_fd: int) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    stat = _stat(os.getpid())
+    answer = {**answer, "pid": os.getpid(), "start_time": stat[2] if stat else None}
     try:
         # posix_spawn, not subprocess: it is on the submit -> start path and needs no import.
         # The job gets a process group of its own: cancelling it must not hit the wrapper.
         child = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0)
     except OSError as exc:
         print(f"gpusched: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
-        os.write(report_fd, json.dumps({"pgid": os.getpid()}).encode())
-        os.close(report_fd)
+        _launched(job_dir, {**answer, "pgid": os.getpid()}, report_fd)
         _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
         _write_atomic(os.path.join(job_dir, "exit_code"), "127")
         return 127
-    os.write(report_fd, json.dumps({"pgid": child}).encode())
-    os.close(report_fd)
+    _launched(job_dir, {**answer, "pgid": child}, report_fd)
     _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475) while forwarding signals
     code = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
     _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
     _write_atomic(os.path.join(job_dir, "exit_code"), str(code))
     return 0
+
+
+def _launched(job_dir: str, answer: dict[str, Any], report_fd: int) -> None:
+    """Record the launch (the record a repeated launch returns), then tell the agent."""
+    text = json.dumps(answer)
+    # not fsynced: it sits on the submit path (~10 ms per fsync here) and only matters for a
+    # repeated launch, which a node crash makes moot anyway
+    _write_atomic(os.path.join(job_dir, "launch.json"), text, durable=False)
+    try:
+        os.write(report_fd, text.encode())
+        os.close(report_fd)
+    except OSError:
+        pass  # the agent is gone; the record tells the next one
 
 
 def launch(
@@ -129,25 +147,25 @@ def launch(
         child_env["CUDA_VISIBLE_DEVICES"] = gpus
     child_env[CHECKPOINT_ENV] = os.path.join(job_dir, "checkpoint")
     record = os.path.join(job_dir, "launch.json")
-    try:
-        os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        # Launch is idempotent per job dir: a scheduler that crashed after starting the job
-        # but before storing its pid gets the same job back instead of a second copy.
-        deadline = time.monotonic() + 10.0
-        while not os.path.exists(record) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        previous = _read(record)
-        if previous is None:
-            raise AgentError(f"{job_dir} holds a launch that never finished starting") from None
-        return {**json.loads(previous), "reused": True}
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    lock = os.path.join(job_dir, "launch.lock")
+    if os.path.exists(lock):
+        return _reused(job_dir)
+    answer = {"job_dir": job_dir, "log": log_path}
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the wrapper
         try:
             os.close(read_fd)
+            # Detach first: from here on nothing that stops the agent (a closed SSH channel
+            # signals its process group) stops this launch half way.
             os.setsid()
+            try:
+                # Launch is idempotent per job dir: whoever takes the lock starts the job.
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                os.write(write_fd, b'{"taken": true}')
+                os._exit(0)
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(log_fd, 1)
@@ -155,32 +173,40 @@ def launch(
             os.chdir(run_dir)
             os.environ.clear()
             os.environ.update(child_env)
-            os._exit(_wrap(job_dir, argv, write_fd))
+            os._exit(_wrap(job_dir, argv, write_fd, answer))
         except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
             os._exit(126)
     os.close(write_fd)
-    os.close(log_fd)
     report = b""
     while chunk := os.read(read_fd, 4096):
         report += chunk
     os.close(read_fd)
     if not report:
+        if os.path.exists(record):
+            return _reused(job_dir)
         raise AgentError("the job wrapper died before starting the job")
-    stat = _stat(pid)
-    answer = {
-        "pid": pid,
-        "pgid": json.loads(report)["pgid"],
-        "start_time": stat[2] if stat else None,
-        "job_dir": job_dir,
-        "log": log_path,
-    }
-    # not fsynced: it sits on the submit path (~10 ms per fsync here) and only matters for a
-    # repeated launch, which a node crash makes moot anyway
-    _write_atomic(record, json.dumps(answer), durable=False)
-    return {**answer, "reused": False}
+    started = json.loads(report)
+    if started.get("taken"):
+        os.waitpid(pid, 0)  # it found the lock taken and exited: reap it
+        return _reused(job_dir)
+    return {**started, "reused": False}
 
 
-def claim(job_dir: str, *, wait_s: float = 10.0) -> dict[str, Any]:
+def _reused(job_dir: str) -> dict[str, Any]:
+    """The first launch of a job dir (repeating a launch returns it, never starts twice)."""
+    record = os.path.join(job_dir, "launch.json")
+    # The wrapper writes the record right after taking the lock (it is detached, so it gets
+    # there even if the agent that forked it is gone): wait a little for it.
+    deadline = time.monotonic() + 10.0
+    while not os.path.exists(record) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    previous = _read(record)
+    if previous is None:
+        raise AgentError(f"{job_dir} holds a launch that never finished starting")
+    return {**json.loads(previous), "reused": True}
+
+
+def claim(job_dir: str) -> dict[str, Any]:
     """The launch of a job dir if it started; else make sure none ever starts there.
 
     For a scheduler that finds a job cancelled (or its lease lost) while its launch may be
@@ -190,16 +216,17 @@ def claim(job_dir: str, *, wait_s: float = 10.0) -> dict[str, Any]:
     """
     job_dir = os.path.abspath(os.path.expanduser(job_dir))
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
-    record = os.path.join(job_dir, "launch.json")
     try:
         os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))
         return {"started": False}
     except FileExistsError:
-        deadline = time.monotonic() + wait_s
-        while not os.path.exists(record) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    previous = _read(record)
-    return {"started": None} if previous is None else {"started": True, **json.loads(previous)}
+        pass
+    try:
+        previous = _reused(job_dir)
+    except AgentError:
+        return {"started": None}
+    previous.pop("reused")
+    return {"started": True, **previous}
 
 
 # --------------------------------------------------------------------------- status / kill

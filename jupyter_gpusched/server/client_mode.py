@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.handlers import APIHandler
 from tornado import httpclient, web, websocket
 from tornado.iostream import StreamClosedError
 
 from jupyter_gpusched.core.errors import BadRequestError
 
 from .handlers.base import API, GpuSchedMixin
+from .handlers.events import ListenOnlyWebSocket
 from .uploads import inline_files, inline_notebook
 
 #: Headers of the service's answers passed on to the caller.
@@ -211,17 +213,10 @@ class ForwardHandler(_Forwarding, APIHandler):
         GpuSchedMixin.write_error(self, status_code, **kwargs)
 
 
-class EventsForwardHandler(_Forwarding, websocket.WebSocketHandler, JupyterHandler):
+class EventsForwardHandler(_Forwarding, ListenOnlyWebSocket):
     """The events websocket, relayed from the service's."""
 
     _upstream: websocket.WebSocketClientConnection | None = None
-
-    def set_default_headers(self) -> None:
-        """JupyterHandler's page headers make no sense on a websocket."""
-
-    async def prepare(self) -> None:  # type: ignore[override]
-        """Refuse unauthenticated upgrades instead of redirecting them to the login page."""
-        await JupyterHandler.prepare(self, _redirect_to_login=False)
 
     @ws_authenticated
     @authorized
@@ -238,29 +233,15 @@ class EventsForwardHandler(_Forwarding, websocket.WebSocketHandler, JupyterHandl
             ) from None
         await super().get(*args, **kwargs)
 
-    def open(self, *args: Any, **kwargs: Any) -> None:
-        """Relay the service's messages to this client until either side goes."""
-        import asyncio
+    async def relay(self) -> AsyncIterator[str | bytes]:  # type: ignore[override]
+        """The service's messages as they come."""
+        assert self._upstream is not None
+        while (message := await self._upstream.read_message()) is not None:
+            yield message
+        if self.ws_connection is not None:
+            self.close()  # the service hung up
 
-        self._pump = asyncio.ensure_future(self._relay())
-
-    async def _relay(self) -> None:
-        upstream = self._upstream
-        assert upstream is not None
-        try:
-            while (message := await upstream.read_message()) is not None:
-                await self.write_message(message)
-        except websocket.WebSocketClosedError:
-            pass
-        finally:
-            upstream.close()
-            if self.ws_connection is not None:
-                self.close()
-
-    def on_message(self, message: str | bytes) -> None:
-        """Clients only listen."""
-
-    def on_close(self) -> None:
+    def stopped(self) -> None:
         """Close the service's side too."""
         if self._upstream is not None:
             self._upstream.close()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
+from _fixtures_polling import wait_for_async
 from _fixtures_server import conforms
 from jupyter_client.asynchronous import AsyncKernelClient
 
@@ -22,15 +22,14 @@ FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 async def _kernel(gpusched: ApiClient, job_id: int, timeout_s: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def ask() -> Any:
         resp = await gpusched.request("GET", "leases", str(job_id), "kernel")
-        if resp.code == 200:
-            return conforms(json.loads(resp.body), "LeaseKernel")
         # 409: not running yet; 502: its node is unreachable (while a test drops it)
-        assert resp.code in (409, 502), (resp.code, resp.body)
-        assert time.monotonic() < deadline, resp.body
-        await asyncio.sleep(0.05)
+        assert resp.code in (200, 409, 502), (resp.code, resp.body)
+        return resp
+
+    resp = await wait_for_async(ask, lambda r: r.code == 200, timeout_s=timeout_s, what="kernel")
+    return conforms(json.loads(resp.body), "LeaseKernel")
 
 
 async def _run(info: dict[str, Any], code: str) -> tuple[str, dict[str, Any]]:
@@ -134,13 +133,12 @@ async def test_forwards_come_back_on_the_same_ports_after_the_connection_drops(
     node = before["lease"]["placement"]["node"]
     await sim.stop_node(node)  # the network drops: every SSH connection to the node closes
     await sim.start_node(node)
-    deadline = time.monotonic() + 30
-    while True:
-        after = await _kernel(gpusched, lease["id"])
-        if after["generation"] > before["generation"]:
-            break
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    after = await wait_for_async(
+        lambda: _kernel(gpusched, lease["id"]),
+        lambda after: after["generation"] > before["generation"],
+        interval_s=0.1,
+        what="the forwards to come back",
+    )
     assert after["connection"] == before["connection"]
     out, _ = await _run(after["connection"], "print(x + 1)")
     assert out == "6\n"  # the same kernel, reached again
@@ -154,9 +152,6 @@ async def test_ending_a_lease_closes_its_forwards_and_stops_its_kernel(
     assert not _refused(info["shell_port"])
     released = await gpusched.json("DELETE", "leases", str(lease["id"]))
     assert released["state"] == "cancelled"
-    deadline = time.monotonic() + 20
-    while not all(_refused(info[k]) for k in PORT_KEYS):
-        assert time.monotonic() < deadline, "forwards still open"
-        await asyncio.sleep(0.05)
+    await wait_for_async(lambda: all(_refused(info[k]) for k in PORT_KEYS), what="forwards closed")
     resp = await gpusched.request("GET", "leases", str(lease["id"]), "kernel")
     assert resp.code == 409 and "has ended" in json.loads(resp.body)["message"]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
+from _fixtures_polling import wait_for_async
 from _fixtures_server import conforms
 
 if TYPE_CHECKING:
@@ -22,17 +23,6 @@ def is_error(resp: Any, status: int, error: str, field: str | None = None) -> di
     if field is not None:
         assert body.get("field") == field, body
     return body
-
-
-async def wait_for(get: Any, pred: Any, timeout_s: float = 60.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = await get()
-        if pred(value):
-            return value
-        assert loop.time() < deadline, value
-        await asyncio.sleep(0.1)
 
 
 async def test_a_posted_notebook_runs_streams_progress_and_comes_back_beside_the_input(
@@ -72,8 +62,11 @@ async def test_a_posted_notebook_runs_streams_progress_and_comes_back_beside_the
     ws.close()
     assert progress == [1, 2, 3, 4]  # parameters, injected parameters, two cells
 
-    done = await wait_for(
-        lambda: gpusched.get(job["id"]), lambda j: "output_notebook" in j["spec"]["labels"]
+    done = await wait_for_async(
+        lambda: gpusched.get(job["id"]),
+        lambda j: "output_notebook" in j["spec"]["labels"],
+        timeout_s=60,
+        what="the executed notebook",
     )
     assert done["state"] == "succeeded"
     out = jp_root_dir / done["spec"]["labels"]["output_notebook"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -14,11 +15,8 @@ from jupyter_gpusched.core.api import MAX_ID
 from .base import API, GpuSchedMixin
 
 
-class EventsHandler(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
-    """Websocket of scheduler events; ``?after=ID`` replays stored events newer than ID.
-
-    The scheduler adds ``cluster`` messages (no id) after changes, at most one per second.
-    """
+class ListenOnlyWebSocket(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
+    """A websocket that sends what ``relay()`` yields and ignores what its client sends."""
 
     _pump: asyncio.Task[None] | None = None
 
@@ -29,24 +27,25 @@ class EventsHandler(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
         """Refuse unauthenticated upgrades instead of redirecting them to the login page."""
         await JupyterHandler.prepare(self, _redirect_to_login=False)
 
-    @ws_authenticated
-    @authorized
-    async def get(self, *args: Any, **kwargs: Any) -> None:
-        """Check the query, then upgrade to a websocket."""
-        self._sched = await self.scheduler()
-        self._after = self.query_int("after", 0, -1, MAX_ID)  # -1: only new events
-        await super().get(*args, **kwargs)
-
     def open(self, *args: Any, **kwargs: Any) -> None:
-        """Start relaying events to this client."""
-        self._pump = asyncio.ensure_future(self._relay())
+        """Start relaying to this client."""
+        self._pump = asyncio.ensure_future(self._send_all())
 
-    async def _relay(self) -> None:
+    async def _send_all(self) -> None:
         try:
-            async for event in self._sched.subscribe(after_id=self._after):
-                await self.write_message(event.model_dump_json())
+            async for message in self.relay():
+                await self.write_message(message)
         except websocket.WebSocketClosedError:
             pass
+        finally:
+            self.stopped()
+
+    def relay(self) -> AsyncIterator[str | bytes]:
+        """The messages to send, until the client or the source goes."""
+        raise NotImplementedError
+
+    def stopped(self) -> None:
+        """The relay ended (either side went): release what it held."""
 
     def on_message(self, message: str | bytes) -> None:
         """Clients only listen; anything they send is ignored."""
@@ -55,6 +54,26 @@ class EventsHandler(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
         """Stop relaying."""
         if self._pump is not None:
             self._pump.cancel()
+
+
+class EventsHandler(ListenOnlyWebSocket):
+    """Websocket of scheduler events; ``?after=ID`` replays stored events newer than ID.
+
+    The scheduler adds ``cluster`` messages (no id) after changes, at most one per second.
+    """
+
+    @ws_authenticated
+    @authorized
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        """Check the query, then upgrade to a websocket."""
+        self._sched = await self.scheduler()
+        self._after = self.query_int("after", 0, -1, MAX_ID)  # -1: only new events
+        await super().get(*args, **kwargs)
+
+    async def relay(self) -> AsyncIterator[str | bytes]:  # type: ignore[override]
+        """Stored events after ``after``, then live ones."""
+        async for event in self._sched.subscribe(after_id=self._after):
+            yield event.model_dump_json()
 
 
 handlers: list[tuple[str, type]] = [(f"{API}/events", EventsHandler)]

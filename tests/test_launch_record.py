@@ -1,0 +1,96 @@
+"""An agent killed in the middle of a launch never leaves a job running without its record.
+
+A scheduler that dies while its node is launching a job (its SSH channel closes, and the
+command's process group is signalled) must find, on its next try, either the first launch's
+record or nothing started at all -- never a job it cannot know about, which a relaunch would
+then run a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpusched.node import agent
+
+AGENT = [sys.executable, "-m", "jupyter_gpusched.node.agent"]
+
+
+def launch_cut_short(job_dir: Path, marker: Path, after_s: float) -> None:
+    """Start a launch in a process group of its own and SIGKILL the group after ``after_s``."""
+    code = f"open({str(marker)!r}, 'a').write('run\\n'); import time; time.sleep(30)"
+    proc = subprocess.Popen(
+        [*AGENT, "launch", "--job-dir", str(job_dir), "--", sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def kill_job(job_dir: Path) -> None:
+    record = job_dir / "launch.json"
+    if record.exists():
+        os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+
+
+def full_launch_s(tmp_path: Path) -> float:
+    """How long one launch takes here, from starting the agent to its answer."""
+    began = time.monotonic()
+    subprocess.run([*AGENT, "launch", "--job-dir", str(tmp_path / "timing"), "--", "true"],
+                   check=True, capture_output=True)  # fmt: skip
+    return time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_a_launch_killed_at_any_moment_is_found_again_or_never_ran(tmp_path: Path) -> None:
+    whole_s = full_launch_s(tmp_path)
+    for step in range(24):  # kill moments spread over the whole launch
+        job_dir, marker = tmp_path / f"job{step}", tmp_path / f"runs{step}"
+        launch_cut_short(job_dir, marker, whole_s * step / 24)
+        try:
+            relaunch = agent.launch(
+                str(job_dir), [sys.executable, "-c", "import time; time.sleep(30)"]
+            )
+            time.sleep(0.2)  # a job started by the first launch has written its line by now
+            runs = marker.read_text().count("run") if marker.exists() else 0
+            # reused: the first launch ran it and its record says where; else nothing of the
+            # first launch runs and the second started it
+            assert runs == (1 if relaunch["reused"] else 0), (step, relaunch)
+        finally:
+            kill_job(job_dir)
+
+
+def test_a_repeated_launch_returns_the_first_and_starts_nothing(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    try:
+        first = agent.launch(str(job_dir), argv)
+        again = agent.launch(str(job_dir), argv)
+        assert not first["reused"] and again["reused"]
+        assert {k: again[k] for k in ("pid", "pgid", "start_time")} == {
+            k: first[k] for k in ("pid", "pgid", "start_time")
+        }
+    finally:
+        kill_job(job_dir)
+
+
+def test_a_claimed_job_dir_never_starts_and_a_launched_one_is_reported(tmp_path: Path) -> None:
+    assert agent.claim(str(tmp_path / "a")) == {"started": False}
+    with pytest.raises(agent.AgentError, match="never finished starting"):
+        agent.launch(str(tmp_path / "a"), ["true"])
+    try:
+        launched = agent.launch(str(tmp_path / "b"), ["sleep", "30"])
+        claimed = agent.claim(str(tmp_path / "b"))
+        assert claimed["started"] is True and claimed["pid"] == launched["pid"]
+    finally:
+        kill_job(tmp_path / "b")
