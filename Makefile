@@ -34,7 +34,7 @@ system-deps:
 test: $(STAMP) system-deps
 	$(BIN)/ruff check jupyter_gpusched tests bench
 	$(BIN)/ruff format --check jupyter_gpusched tests bench
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest --durations=25
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest -p pytest_jupyter.jupyter_server tests/inproc
 
 ## Regenerate the OpenAPI file from the API's pydantic models (a test fails while it is stale).

@@ -15,12 +15,13 @@ TOKEN = "bench-token"
 
 
 def start_server(
-    root: Path, store_url: str | None = None
+    root: Path, store_url: str | None = None, gpusched: dict[str, object] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     """Start it under ``root`` (config, data, runtime dirs, log); wait until the API answers.
 
     Returns the process, its URL and the environment it runs in. The store defaults to a
-    SQLite file under ``root``; the embedded simulated cluster is a fresh one.
+    SQLite file under ``root``; the embedded simulated cluster is a fresh one unless
+    ``gpusched`` (more ``GpuSchedApp`` settings) names ``nodes``.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,6 +56,7 @@ def start_server(
         "GpuSchedApp": {
             "store_url": store_url or f"sqlite:///{root / 'gpusched.db'}",
             "sim_dir": "",
+            **(gpusched or {}),
         },
     }
     (root / "config").mkdir(parents=True, exist_ok=True)

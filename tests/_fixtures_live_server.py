@@ -32,6 +32,16 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         server.stop()
 
 
+def dir_in_root(server: ServerProcess, prefix: str) -> Path:
+    """A fresh directory under the server's root, where a user's notebooks (and the files
+    their jobs stage) live: the server takes them from nowhere else."""
+    import tempfile
+
+    base = server.root / "work"
+    base.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
 def kernel_env(server: ServerProcess, **extra: str) -> dict[str, str]:
     """The environment of a kernel started by ``server`` (it exports its URL and token)."""
     env = {**os.environ, "GPUSCHED_URL": server.url, "GPUSCHED_TOKEN": server.token, **extra}

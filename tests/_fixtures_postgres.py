@@ -71,8 +71,11 @@ class _Cluster:
             "--no-sync",
             "--locale=C",
         )
+        self.start_again()
+
+    def _options(self) -> str:
         # fsync off: test data need not survive a power cut, and it makes CREATE DATABASE fast.
-        options = shlex.join(
+        return shlex.join(
             [
                 "-c",
                 "listen_addresses=127.0.0.1",
@@ -88,19 +91,18 @@ class _Cluster:
                 "max_connections=200",
             ]
         )
+
+    def halt(self) -> None:
+        """Stop the server as a crash would, keeping its data (``start_again`` resumes it)."""
+        pg_ctl = str(self.bindir / "pg_ctl")
+        self._run(pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def start_again(self) -> None:
+        """Start a halted server on its old port and data."""
         self._run(
-            str(self.bindir / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-w",
-            "-t",
-            "60",
-            "-l",
-            str(self.root / "server.log"),
-            "-o",
-            options,
-            "start",
-        )
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60",
+            "-l", str(self.root / "server.log"), "-o", self._options(), "start",
+        )  # fmt: skip
 
     def stop(self) -> None:
         try:

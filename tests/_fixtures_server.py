@@ -259,8 +259,8 @@ class ServerProcess:
         (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 60.0) -> ServerProcess:
-        """Start and wait until the scheduler answers."""
+    def start(self, timeout_s: float = 60.0, *, expect: int = 200) -> ServerProcess:
+        """Start and wait until the scheduler answers (with status ``expect``)."""
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jupyter_server"],
@@ -280,10 +280,10 @@ class ServerProcess:
             )
             try:
                 with urllib.request.urlopen(req, timeout=5) as resp:
-                    return bool(resp.status == 200)
+                    return bool(resp.status == expect)
             except urllib.error.HTTPError as err:  # e.g. 503 until the scheduler runs
                 err.close()
-                return False
+                return err.code == expect
 
         try:
             wait_for(

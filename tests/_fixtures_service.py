@@ -31,6 +31,7 @@ class ServiceProcess:
         store_url: str | None = None,
         admins: tuple[str, ...] = ("carol",),
         sim_dir: str = "",
+        policy: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         self.root = root
@@ -41,7 +42,8 @@ class ServiceProcess:
         if store_url:
             gpusched["store_url"] = store_url
         config: dict[str, Any] = {
-            "GpuSchedPolicy": {"windows": [{"name": "all"}]},  # no day/night surprises
+            # no day/night surprises unless asked for
+            "GpuSchedPolicy": policy or {"windows": [{"name": "all"}]},
             "GpuSchedService": {
                 "port": self.port,
                 "allow_root": True,

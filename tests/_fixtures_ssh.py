@@ -325,6 +325,9 @@ class Sshd:
         self.workdir = f"~/.gpusched-tests/{self.token}"
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        # who may log in, and where sshd finds their keys (%u: the user's name)
+        self.allow_users: list[str] = [self.user]
+        self.authorized_keys_file = str(authorized)
 
     def start(self) -> None:
         """Start ``sshd -D`` and wait until it accepts connections."""
@@ -339,14 +342,14 @@ class Sshd:
                     f"Port {self.port}",
                     f"HostKey {self.private / 'host_key'}",
                     f"PidFile {self.private / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+                    f"AuthorizedKeysFile {self.authorized_keys_file}",
                     "PasswordAuthentication no",
                     "KbdInteractiveAuthentication no",
                     "UsePAM no",
                     "StrictModes no",
                     "MaxSessions 64",
                     "PermitRootLogin prohibit-password",
-                    f"AllowUsers {self.user}",
+                    f"AllowUsers {' '.join(self.allow_users)}",
                     "Subsystem sftp internal-sftp",
                     "",
                 ]

@@ -134,14 +134,14 @@ def definition_outlives_its_owners_server(lab: Lab) -> None:
             lambda: [
                 j
                 for j in lab.admin("GET", "jobs?user=alice&kind=notebook&state=succeeded")["jobs"]
-                if "output_notebook" in j["spec"]["labels"]
+                if (j["outputs"] or {}).get("notebook")
             ],
             150,
             "alice's definition to fire and finish with her server down",
         )
     finally:
         lab.start_server("alice")
-    rel = jobs[0]["spec"]["labels"]["output_notebook"]
+    rel = jobs[0]["outputs"]["notebook"]
     assert rel.startswith("reports/nightly-")
     copied = lab.root("alice") / rel
     wait_for(copied.exists, 30, "the output copied into alice's root")

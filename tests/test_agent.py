@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import pwd
+import stat
 import subprocess
 import sys
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,7 +113,7 @@ def test_probe_through_simulated_nvml(node: dict[str, Any]) -> None:
     assert [g["nvlink_peers"] for g in gpus] == [[1], [0], [3], [2]]
     assert gpus[0]["mem_total_mb"] == 81920
     assert gpus[2]["processes"] == [
-        {"pid": 4_100_001, "used_mem_mb": 2048, "name": "", "job_id": None}
+        {"pid": 4_100_001, "used_mem_mb": 2048, "name": "", "job_id": None, "user": None}
     ]
     assert gpus[2]["mem_used_mb"] == 2048
     assert gpus[0]["power_w"] == 55.0
@@ -133,7 +138,7 @@ def test_probe_falls_back_to_nvidia_smi_csv(node: dict[str, Any]) -> None:
     ]
     assert [g["nvlink_peers"] for g in gpus] == [[1], [0], [3], [2]]
     assert gpus[1]["processes"] == [
-        {"pid": 4_100_002, "used_mem_mb": 1000, "name": "python3", "job_id": None}
+        {"pid": 4_100_002, "used_mem_mb": 1000, "name": "python3", "job_id": None, "user": None}
     ]
     assert gpus[1]["mem_used_mb"] == 1000 and gpus[1]["util_pct"] == 87
     assert gpus[0]["power_w"] == 55.25 and gpus[3]["power_w"] is None
@@ -169,6 +174,8 @@ def test_job_processes_carry_their_job_id_and_others_do_not(node: dict[str, Any]
         agent(env, "kill", "--pgid", str(job["pgid"]), "--grace", "1")
     assert [(p["pid"], p["job_id"]) for p in gpus[0]["processes"]] == [(job["pgid"], 7)]
     assert [(p["pid"], p["job_id"]) for p in gpus[3]["processes"]] == [(outsider.pid, None)]
+    # whose it is, for the scheduler to tell jobs whose environment it cannot read
+    assert gpus[3]["processes"][0]["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert gpus[1]["processes"] == [] and gpus[2]["processes"] == []
 
 
@@ -355,3 +362,87 @@ def test_errors_come_back_as_json(node: dict[str, Any]) -> None:
     assert agent(node["env"], "kill", "--pgid", "1", check=False) == {
         "error": "refusing to signal process group 1"
     }
+
+
+def _tar(*members: tuple[str, bytes | None, int]) -> bytes:
+    """A tar of (name, content or None for a directory, mode) members; '->x' content: a link."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, content, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif content.startswith(b"->"):
+                info.type, info.linkname = tarfile.SYMTYPE, content[2:].decode()
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+def stage(env: dict[str, str], job_dir: Path, data: bytes) -> Any:
+    done = subprocess.run(
+        [*AGENT, "stage", "--job-dir", str(job_dir)], env=env, input=data, capture_output=True
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_staged_files_land_privately_keeping_their_owners_bits(node: dict[str, Any]) -> None:
+    job_dir = node["dir"] / "jobs" / "s1"
+    code, answer = stage(
+        node["env"],
+        job_dir,
+        _tar(("run.sh", b"echo hi\n", 0o755), ("data", None, 0o755), ("data/x.csv", b"1\n", 0o644)),
+    )
+    assert code == 0 and answer == {
+        "job_dir": str(job_dir),
+        "files": ["run.sh", "data/x.csv"],
+    }
+    modes = {
+        p: stat.S_IMODE(os.stat(job_dir / p).st_mode) for p in ("", "run.sh", "data", "data/x.csv")
+    }
+    assert modes == {"": 0o700, "run.sh": 0o700, "data": 0o700, "data/x.csv": 0o600}
+    assert stat.S_IMODE(os.stat(job_dir.parent).st_mode) == 0o700  # created parents too
+    # staging again (a repeated launch) replaces what is there
+    assert stage(node["env"], job_dir, _tar(("run.sh", b"echo again\n", 0o500)))[0] == 0
+    assert (job_dir / "run.sh").read_bytes() == b"echo again\n"
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (("../escape", b"x", 0o644), "not a relative path inside the job dir"),
+        (("/etc/evil", b"x", 0o644), "not a relative path inside the job dir"),
+        (("link", b"->/etc/shadow", 0o777), "only files and directories are staged"),
+    ],
+)
+def test_staging_refuses_what_would_leave_the_job_dir(
+    node: dict[str, Any], member: tuple[str, bytes, int], why: str
+) -> None:
+    code, answer = stage(node["env"], node["dir"] / "s2", _tar(member))
+    assert code == 1 and why in answer["error"]
+    assert not (node["dir"] / "escape").exists()
+
+
+def test_setenv_reaches_the_agent_and_the_job(node: dict[str, Any]) -> None:
+    job = agent(
+        node["env"],
+        "--setenv",
+        "FROM_NODE_ENV=yes",
+        "launch",
+        "--job-dir",
+        str(node["dir"] / "j9"),
+        "--",
+        "sh",
+        "-c",
+        'echo "$FROM_NODE_ENV"; umask',
+    )
+    wait_ended(node["env"], job)
+    ours = os.umask(0o022)
+    os.umask(ours)
+    # the job has the umask the agent started with; the agent's own files are private
+    assert Path(job["log"]).read_text() == f"yes\n{ours:04o}\n"
+    assert stat.S_IMODE(os.stat(job["log"]).st_mode) == 0o600

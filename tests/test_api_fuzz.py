@@ -48,13 +48,19 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def _defuse(case: Any) -> None:
     """Generated jobs run for real on the simulated nodes: make them run `true`, nothing else.
 
-    Also never follow a log (it streams until the job ends, which a queued job never does).
+    Arrays and lists of jobs are cut to three jobs. Also never follow a log (it streams until
+    the job ends, which a queued job never does).
     """
     body = case.body
-    if isinstance(body, dict) and body.get("command") is not None:
-        body["command"] = ["true"]
-        for key in ("env", "files", "workdir"):
-            body.pop(key, None)
+    if isinstance(body, list):  # a bulk submit: a few jobs are enough to fuzz it
+        del body[3:]
+    for item in body if isinstance(body, list) else [body]:
+        if isinstance(item, dict) and item.get("command") is not None:
+            item["command"] = ["true"]
+            for key in ("env", "files", "workdir"):
+                item.pop(key, None)
+        if isinstance(item, dict) and isinstance(item.get("array"), int):
+            item["array"] = min(item["array"], 3)
     if isinstance(case.query, dict):
         case.query.pop("follow", None)
 

@@ -7,13 +7,14 @@ import gc
 import socket
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from _fixtures_polling import wait_for
 
 from jupyter_gpusched.cli import app as cli
-from jupyter_gpusched.cli.formats import format_cluster
+from jupyter_gpusched.cli.formats import format_cluster, format_queue
 from jupyter_gpusched.client.api import ApiError, GpuSchedClient, find_server
 from jupyter_gpusched.core.api import Cluster, EventMessage, JobView
 
@@ -103,18 +104,64 @@ def test_submit_queue_logs_and_cancel_through_the_discovered_server(
 
     code, out, _ = run(capsys, "submit", "--at", FAR_FUTURE, "--", "true")
     waits = out.split()[2]
+    # the scheduling pass that says why it waits runs just after the submit answers
+    wait_for(lambda: client.get_job(int(waits)).reason, what="a reason for the waiting job")
     code, out, _ = run(capsys, "queue")
-    header, *rows = out.splitlines()
+    table, _, below = out.partition("\n\nwaiting:\n")
+    header, *rows = table.splitlines()
     assert header.split()[:4] == ["ID", "USER", "KIND", "STATE"]
     assert [r.split()[:4][::3] for r in rows] == [[waits, "queued"]]
+    assert below.startswith(f"  job {waits}, starts in ") and ": not before " in below
     code, out, _ = run(capsys, "queue", "--all")
-    assert {ran, waits} <= {r.split()[0] for r in out.splitlines()[1:]}
+    table = out.partition("\n\n")[0]
+    assert {ran, waits} <= {r.split()[0] for r in table.splitlines()[1:]}
 
     assert run(capsys, "cancel", waits) == (0, f"job {waits} cancelled\n", "")
     code, out, err = run(capsys, "cancel", waits)
     assert code == 1 and out == ""
     assert err.startswith(f"jupyter gpusched cancel: job {waits} already cancelled")
     assert err.count("\n") == 1
+
+
+def test_submit_array_runs_each_task_with_its_index_then_queue_and_cancel_by_array(
+    discovered: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(
+        capsys,
+        "submit",
+        "--array",
+        "3",
+        "--gpus",
+        "0",
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print('task', os.environ['GPUSCHED_ARRAY_INDEX'])",
+    )
+    assert (code, err) == (0, "")
+    array_id = int(out.split()[2].rstrip(":"))
+    assert out == f"submitted array {array_id}: 3 jobs {array_id}..{array_id + 2} (queued)\n"
+    client = GpuSchedClient(discovered.url, discovered.token)
+    tasks = client.list_jobs(array=array_id).jobs
+    assert [j.id for j in tasks] == [array_id, array_id + 1, array_id + 2]
+    for i, job in enumerate(tasks):
+        assert wait_state(client, job.id, "succeeded", "failed").state == "succeeded"
+        assert client.read_log(job.id)[0] == f"task {i}\n".encode()
+
+    code, out, _ = run(capsys, "submit", "--array", "2", "--at", FAR_FUTURE, "--", "true")
+    waits = int(out.split()[2].rstrip(":"))
+    code, out, _ = run(capsys, "queue", "--array", str(waits))
+    table = out.partition("\n\nwaiting:")[0]  # the rows; why each waits comes below
+    assert [r.split()[:2] for r in table.splitlines()[1:]] == [
+        [str(waits), f"({waits}_0)"],
+        [str(waits + 1), f"({waits}_1)"],
+    ]
+    assert run(capsys, "cancel", "--array", str(waits)) == (
+        0,
+        f"job {waits} cancelled\njob {waits + 1} cancelled\n",
+        "",
+    )
+    assert run(capsys, "cancel", "--array", str(waits)) == (0, f"array {waits}: no live jobs\n", "")
 
 
 def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
@@ -130,6 +177,49 @@ def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
     assert lines[1].split() == ["g1", "T4", "[BB]", "0/2", "free", "up"]
     assert "legend" in lines[2] and "1 running" in lines[3]
     client.cancel(job.id)
+
+
+def test_the_queue_says_where_each_waiting_job_stands_when_it_starts_and_why() -> None:
+    now = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+
+    def job(job_id: int, **over: Any) -> JobView:
+        base = {
+            "id": job_id,
+            "state": "queued",
+            "user": "alice",
+            "priority_class": "batch",
+            "submitted_at": now - timedelta(minutes=3),
+            "spec": {"kind": "script", "command": ["python", "train.py"], "gpus": 8, "user": "a"},
+        }
+        return JobView.model_validate({**base, **over})
+
+    jobs = [
+        job(
+            10,
+            position=1,
+            estimated_start=now + timedelta(minutes=12, seconds=5),
+            reason="waiting: needs 8 GPUs free on one node; the most now is 5 on a100-1",
+        ),
+        job(11, held=True, reason="waiting: held by its owner"),
+        job(
+            12,
+            state="failed",
+            exit_code=2,
+            spec={"kind": "script", "command": ["x"], "gpus": 1, "gpu_share": 0.5, "user": "a"},
+        ),
+    ]
+    table, _, below = format_queue(jobs, now=now, tz=UTC).partition("\n\nwaiting:\n")
+    rows = [r.split() for r in table.splitlines()[1:]]
+    assert rows[0] == ["10", "alice", "script", "queued", "8", "GPUs", "3m", "python", "train.py",
+                       "1st", "in", "line"]  # fmt: skip
+    assert (
+        rows[1][-1] == "held" and rows[2][4:6] == ["0.5", "GPU"] and rows[2][-2:] == ["exit", "2"]
+    )
+    assert below.splitlines() == [
+        "  job 10, 1st in line, starts in 12m (09:12): needs 8 GPUs free on one node; the most "
+        "now is 5 on a100-1",
+        "  job 11, starts unknown: held by its owner",
+    ]
 
 
 def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
@@ -183,19 +273,21 @@ def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
                 "preempt_batch": True,
                 "migrate_batch": False,
                 "interactive_first": True,
-                "rules": [],
+                "rules": ["interactive at most 75%", "batch stopped after 4h"],
             },
             "at": "2026-11-23T10:00:00+00:00",
         }
     )
-    lines = format_cluster(cluster).splitlines()
+    lines = format_cluster(cluster, tz=UTC).splitlines()
     assert lines[0].split() == ["n0", "T4", "[iBF.]", "1/4", "free", "up"]
     assert lines[1].split() == ["n1", "T4", "[x]", "0/1", "free", "DOWN", "unreachable"]
-    assert lines[3] == (
-        "gpus: 1/5 free, largest placeable job 1 GPUs, fragmentation 0.25; "
-        "queue: 3 queued, 2 running"
+    assert lines[3] == "gpus: 1/5 free; queue: 3 waiting, 2 running"
+    assert lines[4] == (
+        "fragmentation: largest job that fits now: 1 GPU; 0 GPUs stranded in partly used GPUs; "
+        "25% of the free capacity fits no usual job size (lower is better)"
     )
-    assert lines[4] == "window: day until Mon 20:00 UTC, then night"
+    assert lines[5] == "window: day window until 20:00, then night (Mon-Fri 08:00-20:00)"
+    assert lines[6:] == ["  - interactive at most 75%", "  - batch stopped after 4h"]
 
 
 @pytest.mark.parametrize(
@@ -209,6 +301,9 @@ def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
         (["logs"], "required"),
         (["cancel", "x"], "'x' is not a whole number"),
         (["queue", "extra"], "unrecognized arguments: extra"),
+        (["submit", "--array", "0", "--", "x"], "--array: from 1 to 10000 tasks, got 0"),
+        (["submit", "--array", "-2", "--", "x"], "argument --array: must be 0 or more"),
+        (["cancel"], "the following arguments are required: ID"),
         (["frobnicate"], "unknown command 'frobnicate'"),
     ],
 )
@@ -302,6 +397,27 @@ def test_the_command_imports_no_server_side_package_and_takes_trait_options(
     )
     assert ran.stderr.strip() == "[] 0"
     assert json.loads(ran.stdout)["limit"] == 1
+
+
+def test_queue_finds_the_server_from_the_runtime_dir_without_importing_jupyter_server(
+    discovered: Any,
+) -> None:
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from jupyter_gpusched.cli.app import main\n"
+        "code = main(['queue'])\n"
+        "server_side = {'jupyter_server', 'tornado', 'sqlalchemy', 'jupyter_client', 'zmq'}\n"
+        "print(sorted(server_side & {m.split('.')[0] for m in sys.modules}), code, "
+        "file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in discovered.env.items() if not k.startswith("GPUSCHED_")}
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert ran.stderr.strip() == "[] 0"
+    assert ran.stdout.startswith(("ID ", "no jobs"))
 
 
 def test_a_config_file_sets_a_commands_options(

@@ -324,4 +324,4 @@ async def test_a_definition_fires_from_the_scheduler_tick_and_its_notebook_runs(
     assert made.spec.labels["definition_id"] == str(definition.id)
     (done,) = await nb_harness.settle(made.id)
     assert done.state is JobState.SUCCEEDED
-    assert (nb_harness.root / done.spec.labels["output_notebook"]).exists()
+    assert (nb_harness.root / done.handle["outputs"]["notebook"]).exists()

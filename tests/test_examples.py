@@ -11,16 +11,18 @@ import nbformat
 import pytest
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
-from _fixtures_live_server import execute, outputs, text  # noqa: E402
+from _fixtures_live_server import dir_in_root, execute, outputs, text  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _run(name: str, server: Any, tmp_path: Path) -> Any:
-    shutil.copy(EXAMPLES / name, tmp_path / name)
-    nb = nbformat.read(tmp_path / name, as_version=4)
+def _run(name: str, server: Any) -> Any:
+    """Run an example where a user's notebook is: in a folder under the server's root."""
+    folder = dir_in_root(server, name.split("_", 1)[0])
+    shutil.copy(EXAMPLES / name, folder / name)
+    nb = nbformat.read(folder / name, as_version=4)
     # allow_errors=False: any failing cell not tagged raises-exception fails the run
-    return execute(nb, server, tmp_path, allow_errors=False)
+    return execute(nb, server, folder, allow_errors=False)
 
 
 def _expected_errors(nb: Any) -> list[str]:
@@ -45,8 +47,8 @@ def test_examples_are_found() -> None:
     assert set(ALL) == {p.name for p in EXAMPLES.glob("*.ipynb")}
 
 
-def test_run_a_cell_on_a_gpu(live_server: Any, tmp_path: Path) -> None:
-    nb = _run("01_run_a_cell_on_a_gpu.ipynb", live_server, tmp_path)
+def test_run_a_cell_on_a_gpu(live_server: Any) -> None:
+    nb = _run("01_run_a_cell_on_a_gpu.ipynb", live_server)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "CUDA_VISIBLE_DEVICES = GPU-" in text(code[1])
     assert text(code[4]).startswith("mean weight: ")
@@ -55,16 +57,16 @@ def test_run_a_cell_on_a_gpu(live_server: Any, tmp_path: Path) -> None:
     assert text(code[-1]).startswith("%gpu: released lease ")
 
 
-def test_watch_fragmentation(live_server: Any, tmp_path: Path) -> None:
-    nb = _run("02_watch_fragmentation.ipynb", live_server, tmp_path)
+def test_watch_fragmentation(live_server: Any) -> None:
+    nb = _run("02_watch_fragmentation.ipynb", live_server)
     code = [c for c in nb.cells if c.cell_type == "code"]
     (view,) = outputs(code[1], "execute_result")
     assert "application/vnd.jupyter.widget-view+json" in view["data"]
     assert "largest_placeable_gpus" in outputs(code[3], "execute_result")[0]["data"]["text/plain"]
 
 
-def test_submit_a_script(live_server: Any, tmp_path: Path) -> None:
-    nb = _run("03_submit_a_script.ipynb", live_server, tmp_path)
+def test_submit_a_script(live_server: Any) -> None:
+    nb = _run("03_submit_a_script.ipynb", live_server)
     code = [c for c in nb.cells if c.cell_type == "code"]
     logs = text(code[4])
     assert "epoch 2 on 2 GPU(s)" in logs and logs.rstrip().endswith("done")
@@ -74,8 +76,8 @@ def test_submit_a_script(live_server: Any, tmp_path: Path) -> None:
     assert text(code[-1]).count("\n") == 1
 
 
-def test_schedule_a_notebook(live_server: Any, tmp_path: Path) -> None:
-    nb = _run("04_schedule_a_notebook.ipynb", live_server, tmp_path)
+def test_schedule_a_notebook(live_server: Any) -> None:
+    nb = _run("04_schedule_a_notebook.ipynb", live_server)
     code = [text(c) for c in nb.cells if c.cell_type == "code"]
     assert code[3].startswith("succeeded\ntrain-") and code[3].rstrip().endswith(".ipynb")
     assert code[4].splitlines() == [
@@ -94,7 +96,7 @@ def test_schedule_a_notebook(live_server: Any, tmp_path: Path) -> None:
     assert code[6].startswith("failed exit code 1") and code[6].rstrip().endswith(
         "ZeroDivisionError"
     )
-    assert "'0 2 * * *' Europe/Berlin catch-up once" in code[8]
+    assert "(Europe/Berlin; cron '0 2 * * *', catch-up once;" in code[8]
     assert code[9].splitlines() == ["None", "True", "[]"]
 
 

@@ -75,10 +75,10 @@ def fill_submit_dialog(
 
 
 def output_notebook(server: LabServer, job_id: int) -> Path:
-    """The executed notebook the server named in the finished job's labels."""
-    labels = server.api(f"gpusched/api/jobs/{job_id}")["spec"]["labels"]
-    assert "output_notebook" in labels, labels
-    return server.root / labels["output_notebook"]
+    """The executed notebook the server named in the finished job's outputs."""
+    outputs = server.api(f"gpusched/api/jobs/{job_id}")["outputs"]
+    assert outputs and outputs["notebook"], outputs
+    return server.root / outputs["notebook"]
 
 
 def close_tab(page: Any, name: str) -> None:
@@ -93,6 +93,23 @@ def close_tab(page: Any, name: str) -> None:
     if page.locator(".jp-Dialog").count():
         page.locator(".jp-Dialog button", has_text="Discard").click()
     tab.wait_for(state="detached")
+
+
+def call(page: Any, server: LabServer, method: str, path: str, body: Any = None) -> Any:
+    """One API call from the page, as the panel makes them (the page's login and token)."""
+    return page.evaluate(
+        """async ([url, token, method, body]) => {
+            const r = await fetch(url, {
+                method,
+                headers: {Authorization: `token ${token}`, 'Content-Type': 'application/json'},
+                body: body === null ? undefined : JSON.stringify(body)
+            });
+            const text = await r.text();
+            if (!r.ok) { throw new Error(`${method} ${url}: ${r.status} ${text}`); }
+            return text ? JSON.parse(text) : null;
+        }""",
+        [server.url + path, server.token, method, body],
+    )
 
 
 def queue_row(page: Any, job_id: int) -> Any:
@@ -147,7 +164,7 @@ def test_submitted_notebook_runs_finishes_and_notifies(
     assert f"job #{job_id}" in batch.first.get_attribute("title")
     node = row.locator(".jp-gpusched-where").inner_text()
     assert re.fullmatch(r"[a-z0-9-]+: \d+,\d+", node)
-    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 8 GB"
+    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 8G"
     screenshot(page, "lab-panel-job-running")
 
     page.wait_for_selector(
@@ -327,8 +344,10 @@ def test_cron_schedule_is_listed_paused_resumed_and_deleted(
     assert row.locator(".jp-gpusched-job").inner_text() == "nightly.ipynb"
     assert row.locator(".jp-gpusched-cron").inner_text() == "0 22 * * 1-5"
     assert row.locator(".jp-gpusched-tz").inner_text() == browser_tz
-    assert re.fullmatch(r"next (\w{3} )?22:00", row.locator(".jp-gpusched-next").inner_text())
-    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 16 GB"
+    assert re.fullmatch(
+        r"weekdays at 22:00, next (\w{3} )?22:00", row.locator(".jp-gpusched-next").inner_text()
+    )
+    assert row.locator(".jp-gpusched-size").inner_text() == "2 GPUs × 16G"
     screenshot(page, "lab-panel-schedule-listed")
 
     row.locator(".jp-gpusched-pause", has_text="pause").click()
@@ -351,3 +370,95 @@ def test_cron_schedule_is_listed_paused_resumed_and_deleted(
     mine = lab_server.api("gpusched/api/definitions")["definitions"]
     assert def_id not in [d["id"] for d in mine]
     screenshot(page, "lab-panel-schedule-deleted")
+
+
+def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
+    lab_page: Any, lab_server: LabServer
+) -> None:
+    page = lab_page
+    page.wait_for_selector(".jp-gpusched-live.jp-mod-live")  # following events before we act
+    # Both 8-GPU nodes busy for up to 20 minutes: an 8-GPU job must wait for one of them.
+    hold = {"kind": "script", "command": ["sleep", "600"], "gpus": 8, "max_runtime_s": 1200}
+    jobs = [call(page, lab_server, "POST", "gpusched/api/jobs", hold)["id"] for _ in range(2)]
+    try:
+        for job_id in jobs:
+            page.wait_for_selector(
+                f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="running"]',
+                timeout=RUN_TIMEOUT_MS,
+            )
+        eight = {"kind": "script", "command": ["true"], "gpus": 8, "name": "eight-gpus"}
+        waiting = call(page, lab_server, "POST", "gpusched/api/jobs", eight)["id"]
+        jobs.append(waiting)
+        row = queue_row(page, waiting)
+        eta = row.locator(".jp-gpusched-eta")
+        eta.wait_for(state="visible")
+        page.wait_for_function(
+            "id => document.querySelector(`.jp-gpusched-job-row[data-job-id='${id}'] "
+            ".jp-gpusched-eta`)?.textContent.startsWith('starts in ')",
+            arg=waiting,
+            timeout=RUN_TIMEOUT_MS,
+        )
+        # Expected when the first holder's declared 20 minutes are up, as a local clock time.
+        assert re.fullmatch(r"starts in (19m|20m)(\d+s)? \(\d\d:\d\d\)", eta.inner_text())
+        assert row.locator(".jp-gpusched-position").inner_text() == "1st in line"
+        reason = row.locator(".jp-gpusched-reason").inner_text()
+        assert "GPU" in reason and "window" not in reason, reason
+        assert "a100-0 0" in reason and "a100-1 0" in reason, reason
+        figures = page.locator("#gpusched-panel .jp-gpusched-fragmentation").inner_text()
+        assert figures.startswith("largest job that fits now: 4 GPUs"), figures
+        assert queue_row(page, jobs[1]).get_attribute("data-state") == "running"
+        screenshot(page, "lab-panel-waiting-why-and-when")
+
+        # The map: hovering a GPU of a job marks all 8 of its GPUs; a click opens its page.
+        cell = page.locator(f'#gpusched-panel .jp-gpusched-gpu[data-jobs="{jobs[0]}"]').first
+        cell.hover()
+        marked = page.locator("#gpusched-panel .jp-gpusched-gpu.jp-mod-highlight")
+        assert marked.count() == 8
+        assert {marked.nth(i).get_attribute("data-jobs") for i in range(8)} == {str(jobs[0])}
+        assert marked.first.evaluate("e => getComputedStyle(e).backgroundColor") == RGB["batch"]
+        screenshot(page, "lab-panel-map-hover-job")
+        cell.click()
+        running = page.locator(f"#gpusched-job-{jobs[0]}")
+        running.locator(".jp-gpusched-page-head h2").wait_for(state="visible")
+        assert "running" in running.locator(".jp-gpusched-page-head").inner_text()
+        timeline = running.locator(".jp-gpusched-timeline li")
+        timeline.first.wait_for(state="visible")
+        steps = [timeline.nth(i).inner_text() for i in range(timeline.count())]
+        assert any("submitted" in t for t in steps), steps
+        assert any("→ running" in t for t in steps), steps
+        # Its GPUs' utilization and memory over its life, drawn from the kept samples.
+        page.wait_for_function(
+            "id => document.querySelectorAll(`#gpusched-job-${id} .jp-gpusched-chart polyline`)"
+            ".length >= 2",
+            arg=jobs[0],
+            timeout=RUN_TIMEOUT_MS,
+        )
+        charts = running.locator(".jp-gpusched-chart figcaption")
+        assert [charts.nth(i).inner_text() for i in range(2)] == ["utilization", "memory used"]
+        assert "node" in running.locator(".jp-gpusched-page-where").inner_text()
+        screenshot(page, "lab-job-page-running")
+
+        # The waiting job's page says why and until when, and its timeline starts at submit.
+        show_sidebar(page, "gpusched-panel")
+        row.locator("a.jp-gpusched-job").click()
+        page_w = page.locator(f"#gpusched-job-{waiting}")
+        page_w.locator(".jp-gpusched-page-head h2").wait_for(state="visible")
+        why = page_w.locator(".jp-gpusched-page-why")
+        why.locator(".jp-gpusched-reason").wait_for(state="visible")
+        assert "1st in line" in why.inner_text() and "starts in " in why.inner_text()
+        assert why.locator(".jp-gpusched-reason").inner_text() == reason
+        assert "submitted" in page_w.locator(".jp-gpusched-timeline").inner_text()
+        assert "eight-gpus" in page_w.locator(".jp-gpusched-page-head").inner_text()
+        screenshot(page, "lab-job-page-waiting")
+
+        # The wide dashboard: the map beside every node's GPU charts.
+        show_sidebar(page, "gpusched-panel")
+        page.locator("#gpusched-panel .jp-gpusched-open-dashboard").click()
+        dash = page.locator("#gpusched-dashboard")
+        dash.wait_for(state="visible")
+        dash.locator('.jp-gpusched-history-node[data-node="a100-0"]').wait_for(state="visible")
+        assert dash.locator(".jp-gpusched-gpu").count() == sum(SIM_NODES.values())
+        screenshot(page, "lab-dashboard")
+    finally:
+        for job_id in jobs:
+            call(page, lab_server, "DELETE", f"gpusched/api/jobs/{job_id}")

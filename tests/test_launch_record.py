@@ -94,3 +94,21 @@ def test_a_claimed_job_dir_never_starts_and_a_launched_one_is_reported(tmp_path:
         assert claimed["started"] is True and claimed["pid"] == launched["pid"]
     finally:
         kill_job(tmp_path / "b")
+
+
+def test_the_wrapper_records_the_end_even_when_its_agent_died_before_reading(
+    tmp_path: Path,
+) -> None:
+    """A scheduler killed mid-launch takes the agent with it; the job's end is still written."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the agent is gone: writing the report fails
+    pid = os.fork()
+    if pid == 0:
+        os._exit(agent._wrap(str(job_dir), ["sh", "-c", "exit 4"], write_fd, "log", 0o022))
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (job_dir / "exit_code").read_text() == "4"
+    assert json.loads((job_dir / "launch.json").read_text())["pgid"] > 0

@@ -10,17 +10,26 @@ import json
 import os
 import re
 import textwrap
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 
-from jupyter_gpusched.client.leases import discover, waiting_line
+from jupyter_gpusched.client.leases import discover
+from jupyter_gpusched.client.lines import waiting_line
 from jupyter_gpusched.core.api import JobView, Window
 
 pytest.register_assert_rewrite("_fixtures_server", "_fixtures_live_server")
-from _fixtures_live_server import api, execute, notebook, outputs, text  # noqa: E402
+from _fixtures_live_server import (  # noqa: E402
+    api,
+    dir_in_root,
+    execute,
+    notebook,
+    outputs,
+    text,
+)
 from _fixtures_polling import wait_for  # noqa: E402
 
 PNG_CELL = """%%gpu
@@ -48,6 +57,11 @@ CELLS = {
         " 'node': os.environ.get('GPUSCHED_SIM_NODE')}))"
     ),
     "persist": "%%gpu\nprint('x + 1 =', x + 1)",
+    # a cell asking for more than the lease it would run on is told so, not run there
+    "mismatch": "%%gpu --gpus 2\nprint('never')",
+    "same_again": "%%gpu --gpus 1\nprint('same lease, x is', x)",
+    "zero": "%%gpu --gpus 0\nprint('never')",
+    "too_many": "%%gpu --gpus 99 --lease big\nprint('never')",
     "outputs": PNG_CELL,
     "error": "%%gpu\ndef inner():\n    return 1 / 0\ninner()",
     "interrupt": "%%gpu\nprint('spinning', flush=True)\nwhile True:\n    pass",
@@ -108,8 +122,8 @@ def _run(live_server: Any, tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def notebook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("nb")
+def notebook_dir(live_server: Any) -> Path:
+    return dir_in_root(live_server, "nb")
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +234,30 @@ def test_argument_errors_are_one_line(cells: dict[str, Any], key: str, line: str
     assert text(cells[key]) == f"UsageError: {line}\n"
 
 
+def test_a_cell_asking_for_other_gpus_than_its_lease_is_told_and_not_run(
+    cells: dict[str, Any], lease: dict[str, Any]
+) -> None:
+    assert outputs(cells["mismatch"], "error") == []
+    assert text(cells["mismatch"]) == (
+        f"UsageError: this notebook's lease {lease['id']} holds 1 GPU; this cell asks for "
+        "2 GPUs. Run %gpu release first (the lease's variables are lost), then run this cell "
+        "again; or give --lease NAME for a second lease\n"
+    )
+    assert text(cells["same_again"]) == "same lease, x is 41\n"
+
+
+@pytest.mark.parametrize(
+    ("key", "line"),
+    [
+        ("zero", "--gpus 0: a %%gpu cell needs at least 1 GPU (run CPU-only code without %%gpu)"),
+        ("too_many", "--gpus: must be at most 64, not 99"),
+    ],
+)
+def test_bad_values_get_one_plain_line(cells: dict[str, Any], key: str, line: str) -> None:
+    assert outputs(cells[key], "error") == []
+    assert text(cells[key]) == f"UsageError: {line}\n"
+
+
 def test_a_request_that_can_never_fit_fails_at_once_saying_why(cells: dict[str, Any]) -> None:
     assert outputs(cells["infeasible"], "error") == []
     said = text(cells["infeasible"])
@@ -232,6 +270,9 @@ def test_submit_runs_the_script_in_the_notebook_directory(
     said = text(cells["submit"])
     assert said.startswith("%gpu: submitted job ")
     job_id = int(said.split()[3])
+    # the magic's value (a trailing %gpu submit shows it) is one line, not the whole job
+    (shown,) = outputs(cells["submit"], "execute_result")
+    assert shown["data"]["text/plain"] == f"<Job {job_id} queued: job.py>"
     job = api(live_server, "GET", f"jobs/{job_id}")
     assert job["spec"]["command"] == ["python3", "job.py", "--greeting", "hi"]
     job = wait_for(
@@ -252,14 +293,14 @@ def test_submit_notebook_runs_it_with_typed_parameters_and_writes_the_result_bes
     job_id = int(said.split()[5])
     job = wait_for(
         lambda: api(live_server, "GET", f"jobs/{job_id}"),
-        lambda job: "output_notebook" in job["spec"]["labels"],
+        lambda job: bool(job["outputs"]),
         timeout_s=90,
         interval_s=0.2,
         what="the executed notebook",
     )
     assert job["state"] == "succeeded", job
     assert job["spec"]["parameters"] == {"lr": 0.1, "tag": "base"}
-    executed = nbformat.read(Path(job["spec"]["labels"]["output_notebook"]), as_version=4)
+    executed = nbformat.read(live_server.root / job["outputs"]["notebook"], as_version=4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "lr 0.1 float base" in printed
 
@@ -274,7 +315,7 @@ def test_a_lease_ended_elsewhere_is_said_in_one_line_and_replaced(
     first, second = leases
     assert text(cells["after_reclaim"]) == (
         f"%gpu: lease {first['id']} ended (cancelled by {first['user']}); "
-        "requesting a new one\nfresh kernel: True\n"
+        "requesting a new one (variables set on it are gone)\nfresh kernel: True\n"
     )
     assert outputs(cells["after_reclaim"], "error") == []
     assert second["spec"]["lease_name"] == first["spec"]["lease_name"]
@@ -321,10 +362,13 @@ def test_the_waiting_line_says_position_reason_and_window() -> None:
             "rules": [],
         }
     )
-    assert waiting_line(job, window) == (
-        "%%gpu: waiting for lease 9 (2 GPU) | #2 in the queue | waiting: no room (no node "
-        "has 2 free GPUs) | window day until 2026-11-23T20:00:00+00:00"
+    now = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    assert waiting_line(job, window, now, UTC) == (
+        "%%gpu: waiting for lease 9 (2 GPUs) | 2nd in line | starts unknown | no room (no node "
+        "has 2 free GPUs) | day window until 20:00, then night"
     )
+    soon = job.model_copy(update={"estimated_start": now + timedelta(minutes=12)})
+    assert " | 2nd in line | starts in 12m (10:12) | " in waiting_line(soon, None, now, UTC)
 
 
 def test_release_frees_the_gpus(

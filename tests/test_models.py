@@ -34,7 +34,7 @@ def test_lease_defaults_to_interactive() -> None:
     [
         ({"kind": "script"}, "command", "needs a command"),
         ({"kind": "notebook"}, "notebook", "path"),
-        ({"kind": "script", "command": ["x"], "gpus": -1}, "gpus", "greater than or equal"),
+        ({"kind": "script", "command": ["x"], "gpus": -1}, "gpus", "must be at least 0, not -1"),
         ({"kind": "lease", "gpu_share": 0.5, "gpus": 2}, "gpus", "gpus = 1"),
         ({"kind": "lease", "gpu_share": 0.5, "gpu_mem_gb": 4}, "gpu_share", "not both"),
         ({"kind": "lease", "gpuz": 1}, "gpuz", "unknown field"),

@@ -13,7 +13,8 @@ import pytest
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
 from _fixtures_polling import wait_for
 
-from jupyter_gpusched.node.nbrun import first_line, parse_progress, progress_line
+from jupyter_gpusched.core.progress import ProgressFilter, parse_progress, strip_progress
+from jupyter_gpusched.node.nbrun import first_line, progress_line
 
 
 def nbrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -133,3 +134,33 @@ def test_the_reported_source_line_is_the_first_line_of_code() -> None:
     assert first_line("\n# load data\n\nx = load()\ny = 2") == "x = load()"
     assert first_line("# only a comment") == "# only a comment"
     assert len(first_line("x = '" + "a" * 500 + "'")) == 200
+
+
+LOG = (
+    b"start\n"
+    b'##gpusched-progress {"cell": 1, "of": 2, "source": "x = 1"}\n'
+    b"x is 1\n"
+    b"##gpusched-progress {broken\n"
+    b'##gpusched-progress {"cell": 2, "of": 2, "source": "print(x)"}\n'
+    b"  ##gpusched-progress is only a mark at the start of a line\n"
+    b"no newline at the end"
+)
+SHOWN = (
+    b"start\nx is 1\n##gpusched-progress {broken\n"
+    b"  ##gpusched-progress is only a mark at the start of a line\nno newline at the end"
+)
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 19, len(LOG)])
+def test_logs_for_people_drop_progress_lines_however_the_bytes_arrive(size: int) -> None:
+    f = ProgressFilter()
+    out = b"".join(f.feed(LOG[i : i + size]) for i in range(0, len(LOG), size)) + f.close()
+    assert out == SHOWN == strip_progress(LOG)
+
+
+def test_a_followed_log_shows_a_partial_line_at_once_unless_it_may_be_a_mark() -> None:
+    f = ProgressFilter()
+    assert f.feed(b"epoch 1/3 ") == b"epoch 1/3 "
+    assert f.feed(b"done\n##gpus") == b"done\n"
+    assert f.feed(b'ched-progress {"cell": 1}\nloss 0.1') == b"loss 0.1"
+    assert f.close() == b""

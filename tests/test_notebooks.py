@@ -49,7 +49,7 @@ PARAMS = {
 
 
 def output_path(h: NbHarness, job: Job) -> Path:
-    return h.root / job.spec.labels["output_notebook"]
+    return h.root / job.handle["outputs"]["notebook"]
 
 
 @pytest.mark.asyncio
@@ -69,7 +69,7 @@ async def test_parameters_arrive_typed_and_the_executed_notebook_comes_back_besi
     assert out.parent == nb_harness.root / "exp"
     stamp = done.started_at.strftime("%Y%m%d-%H%M%S")  # type: ignore[union-attr]
     assert out.name == f"train-{stamp}-job{done.id}.ipynb"
-    assert (nb_harness.root / done.spec.labels["output_log"]).name == out.with_suffix(".log").name
+    assert (nb_harness.root / done.handle["outputs"]["log"]).name == out.with_suffix(".log").name
     nb = read_notebook(out)
     printed = outputs_text(nb.cells[3])
     assert eval(printed) == {k: (type(v).__name__, v) for k, v in PARAMS.items()}  # noqa: S307
@@ -94,8 +94,8 @@ async def test_progress_events_report_each_cell_in_order_with_its_source_line(
     assert [p["source"] for p in progress] == ["a = 1", "b = a + 1", "import time", "print(a + b)"]
     ids = [e.id for e in nb_harness.store.list_events(job_id=job.id) if e.kind == "progress"]
     assert ids == sorted(ids)
-    log = (nb_harness.root / nb_harness.job(job.id).spec.labels["output_log"]).read_text()
-    assert "##gpusched-progress" in log and "3\n" in log
+    log = (nb_harness.root / nb_harness.job(job.id).handle["outputs"]["log"]).read_text()
+    assert "##gpusched-progress" not in log and "3\n" in log  # the copy is for people
 
 
 @pytest.mark.asyncio
@@ -241,10 +241,10 @@ def test_submissions_refuse_paths_outside_the_root_and_bad_parameter_names(
         "bob",
     )
     assert sub.spec.not_before == datetime(2026, 11, 23, 20, 0, tzinfo=UTC)
-    with pytest.raises(InvalidSpecError, match="outside"):
-        submit(notebook="../outside.ipynb")
-    elsewhere = submit(notebook=str(tmp_path / "outside.ipynb"))  # a local path, as it is
-    assert elsewhere.spec.notebook == str(tmp_path / "outside.ipynb")
+    # outputs are written beside the input: it must be in the owner's area, however named
+    for outside in ("../outside.ipynb", str(tmp_path / "outside.ipynb")):
+        with pytest.raises(InvalidSpecError, match="outside your root directory"):
+            submit(notebook=outside)
     with pytest.raises(NotFoundError):
         submit(notebook="missing.ipynb")
     with pytest.raises(InvalidSpecError) as err:

@@ -235,8 +235,28 @@ def test_full_cluster_says_where_the_most_room_is() -> None:
     reply = pack(state, PackRequest(2))
     assert reply.node is None and reply.feasible_ever
     assert reply.reason is not None
-    assert "1 node(s) could host it when free" in reply.reason
-    assert "t4-0: 1 whole GPU(s)" in reply.reason
+    assert reply.reason == (
+        "needs 2 GPUs free on one node; the most now is 1 on t4-0 (1 node could hold it once "
+        "jobs end)"
+    )
+
+
+def test_no_room_names_cpus_when_the_gpus_are_there() -> None:
+    state = cluster(T4)
+    state.allocate(pack(state, PackRequest(0, cpus=state.cpus_total[0] - 1)))
+    reply = pack(state, PackRequest(1, cpus=4))
+    assert reply.reason is not None and reply.reason.startswith(
+        "needs 4 CPUs beside its GPUs; t4-0, which has the GPUs, has 1 CPUs free"
+    )
+
+
+def test_no_room_for_a_memory_share_says_how_much_memory_per_gpu() -> None:
+    state = cluster(T4)
+    state.allocate(pack(state, PackRequest(2, gpu_share=0.75)))
+    reply = pack(state, PackRequest(1, gpu_mem_gb=8))
+    assert reply.reason is not None and reply.reason.startswith(
+        "needs 1 GPU with 8G free each on one node; the most now is 0 on t4-0"
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)

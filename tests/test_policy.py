@@ -99,9 +99,24 @@ def test_quota_on_gpu_hours_per_day() -> None:
 def test_day_window_keeps_the_reserved_share_from_batch() -> None:
     ctx = ctx_for(batch_gpus=24)
     admission = admit(make_job(1), ctx)
-    assert admission.reason == "waiting: day window reserves 25% of GPUs for interactive work"
+    assert admission.reason == (
+        "waiting: the day window reserves 25% of GPUs (8) for interactive work; batch jobs "
+        "hold 24 of the other 24"
+    )
     assert admit(make_job(2, kind="lease"), ctx).ok
     assert admit(make_job(3), ctx_for(window=NIGHT, batch_gpus=24)).ok
+
+
+@pytest.mark.parametrize(
+    ("window", "batch_gpus", "interactive_gpus"),
+    [(NIGHT, 28, 0), (DAY, 20, 8), (DAY, 30, 0)],
+)
+def test_a_job_that_finds_too_few_gpus_free_is_not_blamed_on_the_window(
+    window: object, batch_gpus: float, interactive_gpus: float
+) -> None:
+    # 8 GPUs wanted, fewer free: the packer says which GPUs are missing where, not the window
+    ctx = ctx_for(window=window, batch_gpus=batch_gpus, interactive_gpus=interactive_gpus)
+    assert admit(make_job(1, gpus=8), ctx).ok
 
 
 def test_interactive_work_is_capped_at_the_window_max_share() -> None:

@@ -87,3 +87,28 @@ def test_the_readme_slurm_config_selects_and_configures_the_slurm_backend() -> N
     assert (backend.partition, backend.run_as) == ("gpu", "owner")
     assert backend.gpu_mem_gb == {"a100": 80.0, "v100": 32.0}
     assert backend.sbatch_args == ["--account=lab"]
+
+
+def test_the_readme_run_as_owner_config_loads_into_the_traits_and_node_configs() -> None:
+    from jupyter_gpusched.cluster.ssh import NodeConfig
+    from jupyter_gpusched.server.app import _node_kwargs
+
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Jobs run as their owners", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    c = Config()
+    exec(block, {"c": c})  # noqa: S102 - our own README
+    app = GpuSchedApp(config=c)
+    assert (app.run_as, app.user_key_file) == ("sudo", "/etc/gpusched/keys/{user}")
+    (node,) = (NodeConfig(**_node_kwargs(n, app)) for n in app.nodes)
+    assert node.agent_argv() == ("/opt/gpusched/bin/gpusched-agent",)
+    assert (node.run_as, node.username, node.key_file_of("alice")) == (
+        "sudo",
+        "gpusched",
+        "/etc/gpusched/keys/alice",
+    )
+    # the sudoers line the section documents is the one the tests install
+    from _fixtures_owners import sudoers_line
+
+    line = sudoers_line("gpusched", "/opt/gpusched/bin/gpusched-agent", "gpu-users").strip()
+    assert line in section

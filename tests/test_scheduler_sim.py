@@ -168,3 +168,16 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.asyncio
+async def test_a_job_whose_process_vanished_without_an_exit_record_is_lost_not_kept_running(
+    sim_harness: Harness,
+) -> None:
+    job = sim_harness.submit(command=py("import time; time.sleep(120)"), gpus=1)
+    await sim_harness.settle(job.id, state=JobState.RUNNING)
+    handle = sim_harness.job(job.id).handle
+    os.killpg(handle["pgid"], 9)  # the job and, below, its wrapper: no exit record is left
+    os.kill(handle["pid"], 9)
+    await sim_harness.settle(job.id, state=JobState.LOST)
+    assert "without an exit record" in str(sim_harness.job(job.id).reason)

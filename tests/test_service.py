@@ -8,6 +8,8 @@ service token USER``); carol is the service's admin.
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -138,3 +140,28 @@ def test_a_definition_fires_while_its_owners_server_is_down_and_its_output_comes
     lab: TokenLab,
 ) -> None:
     definition_outlives_its_owners_server(lab)
+
+
+def test_a_follow_dropped_at_the_users_server_ends_at_the_service(lab: TokenLab) -> None:
+    # There it holds an SSH channel on the job's node and one of the user's few follows.
+    alice = lab.servers["alice"]
+    job = lab.call("alice", "POST", "jobs", sleeper(60))
+    wait_for(lambda: lab.call("alice", "GET", f"jobs/{job['id']}")["state"] == "running", 30)
+    for _ in range(3):  # 12 follows dropped; alice may hold 4 at the service at once
+        opened = [_open_follow(alice, job["id"]) for _ in range(4)]
+        assert [status for status, _ in opened] == ["200"] * 4
+        time.sleep(0.5)
+        for _, sock in opened:
+            sock.close()
+        time.sleep(1.0)
+    lab.call("alice", "DELETE", f"jobs/{job['id']}")
+
+
+def _open_follow(server: ServerProcess, job_id: int) -> tuple[str, socket.socket]:
+    """A raw follow request: its status, and the socket to drop as a client would."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+    sock.sendall(
+        f"GET /gpusched/api/jobs/{job_id}/log?follow=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: token {server.token}\r\n\r\n".encode()
+    )
+    return sock.makefile("rb").readline().decode().split()[1], sock

@@ -254,7 +254,7 @@ async def test_owner_mode_runs_the_job_as_its_owner_and_reads_their_private_log(
         assert job_dir.stat().st_uid == alice.uid and job_dir.stat().st_mode & 0o777 == 0o700
         assert (await backend.read_log(job)).decode().split() == ["alice", str(alice.home)]
         local = state_dir / "fetched.log"
-        await backend.get_file(NODE, job.handle["log"], str(local))
+        await backend.fetch_file(job, job.handle["log"], str(local))
         assert local.read_text().split() == ["alice", str(alice.home)]
     finally:
         await backend.close()

@@ -174,8 +174,9 @@ def test_a_notebook_runs_through_slurm_and_comes_back_executed(
     done = wait_for(client, submitted.job.id, in_state("succeeded", "failed"), timeout_s=90)
     assert done.state == "succeeded", done.reason
 
-    out = wait_for(client, done.id, lambda j: "output_notebook" in j.spec.labels)
-    executed = nbformat.read(slurm_server.root / out.spec.labels["output_notebook"], 4)
+    out = wait_for(client, done.id, lambda j: j.outputs is not None)
+    assert out.outputs is not None and out.outputs.notebook is not None
+    executed = nbformat.read(slurm_server.root / out.outputs.notebook, 4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert printed.split() == ["lr", "0.1", "gpus", gpus_of(done)]
 

@@ -428,7 +428,7 @@ async def test_a_recycled_pid_is_not_mistaken_for_the_job(
     genuine = await backend.poll(job)
     await backend.cancel(job, grace_s=1)
     assert genuine.running
-    assert mistaken.lost and "without an exit record" in str(mistaken.detail)
+    assert mistaken.lost and mistaken.gone and "without an exit record" in str(mistaken.detail)
 
 
 @pytest.mark.asyncio

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -144,9 +144,10 @@ CLUSTER_JSON: dict[str, Any] = {
 CLUSTER = Cluster.model_validate(CLUSTER_JSON)
 
 
-def _job(job_id: int, state: str, position: int | None = None) -> JobView:
+def _job(job_id: int, state: str, position: int | None = None, **more: Any) -> JobView:
     return JobView.model_validate(
         {
+            **more,
             "id": job_id,
             "state": state,
             "user": "alice",
@@ -185,15 +186,23 @@ def test_cluster_json_becomes_gpu_cells_coloured_by_state_with_memory_fill() -> 
 
 
 def test_the_rendered_view_shows_figures_window_and_hover_details() -> None:
-    w = ClusterMap()
+    w = ClusterMap(now=lambda: AT, tz=UTC)
     w.apply_cluster(CLUSTER)
+    w.apply_jobs([_job(2, "queued", 2, estimated_start=AT + timedelta(minutes=12))])
     views = {c.model_id: c.value for c in w.children}
     text = "".join(views.values())
     assert "title='g0 GPU 0 (A100-80GB)\nstate: interactive\njob 4 (lease) by alice" in text
-    assert "largest placeable job <b>1</b> GPUs" in text and "fragmentation <b>25%</b>" in text
-    assert "1×8 GPUs" in text
-    assert "window <b>day</b> until 2026-11-23T20:00:00Z, then <b>night</b>" in text
-    assert "25% of GPUs reserved" in text
+    assert (
+        "largest job that fits now: 1 GPU; 0 GPUs stranded in partly used GPUs; 25% of the free "
+        "capacity fits no usual job size (lower is better)"
+    ) in text
+    assert "<b>day window until 20:00, then night</b> (Mon-Fri 08:00-20:00)" in text
+    assert "<li>interactive leases: 25% of GPUs reserved, at most 75% of GPUs</li>" in text
+    # the cell is the legend's colour, with the job holding it written on it
+    assert "background:#2e7d32;color:#fff;font-size:9px;line-height:28px;text-align:center;" in text
+    assert ">4</div>" in text
+    assert "<td style='padding:0 6px'>2nd in line, starts in 12m (10:12): no room</td>" in text
+    assert "<td style='padding:0 6px'>1 GPU</td>" in text
 
 
 def test_job_events_keep_the_queue_in_order_and_say_when_the_map_changed() -> None:

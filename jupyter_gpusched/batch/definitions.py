@@ -60,6 +60,7 @@ from jupyter_gpusched.core.errors import (
     NotFoundError,
 )
 from jupyter_gpusched.core.models import Job, JobSpec
+from jupyter_gpusched.core.schedules import cron_words
 from jupyter_gpusched.core.windows import local_boundary
 from jupyter_gpusched.store.orm import DefinitionRow, DefinitionRunRow, EventRow
 from jupyter_gpusched.store.rows import add_event_row, add_job_row
@@ -472,6 +473,7 @@ def _definition(row: DefinitionRow, runs: list[DefinitionRun]) -> Definition:
         name=row.name,
         user=row.username,
         schedule=row.schedule,
+        schedule_words=cron_words(row.schedule),
         timezone=row.timezone,
         catch_up=row.catch_up,
         paused=row.paused,

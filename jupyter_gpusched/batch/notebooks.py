@@ -9,8 +9,9 @@ A plugin of the server extension (``install(scheduler, backend)`` + ``handlers``
   notebook job reads the log (``backend.follow_log``) and stores each as a ``progress`` event
   (``{"cell", "of", "index", "source", "offset"}``), so websocket subscribers see them.
 * **results** -- when the job ends (succeeded, failed, cancelled) the executed notebook and the
-  log are fetched (``backend.get_file``) beside the input as ``<stem>-<UTC start>-job<id>.ipynb``
-  and ``.log``; the job's labels ``output_notebook`` / ``output_log`` name them.
+  log are fetched (``backend.fetch_file``, read as the job's owner) beside the input as
+  ``<stem>-<UTC start>-job<id>.ipynb`` and ``.log``; the job's ``outputs`` (its handle, which
+  the server alone writes -- never its labels, which are the submitter's plain data) name them.
 * **retries** -- a failed notebook job with ``retries`` is submitted again after
   ``retry_backoff_s * 2**n`` (a new job labelled ``retry_of``/``retry``).
 * **when** -- ``now``, ``tonight`` (the next window that lets batch work run without a runtime
@@ -40,7 +41,7 @@ from jupyter_gpusched.core.models import (
     JobKind,
     JobState,
 )
-from jupyter_gpusched.node.nbrun import parse_progress
+from jupyter_gpusched.core.progress import parse_progress, strip_progress
 from jupyter_gpusched.store.orm import EventRow, ProgressRow
 from jupyter_gpusched.store.rows import add_event_row
 
@@ -48,8 +49,6 @@ from .definitions import Definitions
 from .requests import (
     BACKOFF_LABEL,
     DEFAULT_BACKOFF_S,
-    LOG_LABEL,
-    OUTPUT_LABEL,
     Submission,
     notebook_command,
     remote_output_name,
@@ -247,8 +246,8 @@ class NotebookPlugin:
     async def _collect(self, job: Job) -> None:
         staged = staged_notebook(job.spec)
         node, job_dir = job.handle.get("node"), job.handle.get("job_dir")
-        get_file = getattr(self.backend, "get_file", None)
-        if not staged or not node or not job_dir or get_file is None:
+        fetch_file = getattr(self.backend, "fetch_file", None)
+        if not staged or not node or not job_dir or fetch_file is None:
             return
         folder = os.path.dirname(staged)
         stem = os.path.splitext(os.path.basename(staged))[0]
@@ -257,17 +256,22 @@ class NotebookPlugin:
         rel_dir = posixpath.dirname(job.spec.notebook or "")
         got: dict[str, str] = {}
         remote = {
-            ".ipynb": f"{job_dir}/{remote_output_name(job.spec)}",
-            ".log": str(job.handle.get("log") or f"{job_dir}/output.log"),
+            "notebook": (".ipynb", f"{job_dir}/{remote_output_name(job.spec)}"),
+            "log": (".log", str(job.handle.get("log") or f"{job_dir}/output.log")),
         }
-        for ext, path in remote.items():
+        for part, (ext, path) in remote.items():
             target = os.path.join(folder, base + ext)
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gpusched-", suffix=ext)
             os.close(fd)
             try:
-                await get_file(node, path, tmp)
+                await fetch_file(job, path, tmp)
+                if ext == ".log":  # the copy is for people: no progress lines
+                    with open(tmp, "rb") as f:
+                        text = strip_progress(f.read())
+                    with open(tmp, "wb") as f:
+                        f.write(text)
                 os.replace(tmp, target)
-                got[ext] = posixpath.join(rel_dir, base + ext)
+                got[part] = posixpath.join(rel_dir, base + ext)
             except GpuSchedError as exc:
                 log.warning("gpusched: job %s: could not fetch %s: %s", job.id, path, exc.message)
             finally:
@@ -275,20 +279,14 @@ class NotebookPlugin:
                     os.unlink(tmp)
         if not got:
             return
-        labels = dict(job.spec.labels)
-        if ".ipynb" in got:
-            labels[OUTPUT_LABEL] = got[".ipynb"]
-        if ".log" in got:
-            labels[LOG_LABEL] = got[".log"]
-        self.store.update_job(
-            job.id, spec=job.spec.model_copy(update={"labels": labels}), event=None
-        )
+        handle = self.store.get_job(job.id).handle
+        self.store.update_job(job.id, handle={**handle, "outputs": got}, event=None)
         self.store.add_event(
             "notebook_output",
             job_id=job.id,
             detail={
-                "notebook": got.get(".ipynb"),
-                "log": got.get(".log"),
+                "notebook": got.get("notebook"),
+                "log": got.get("log"),
                 "state": job.state.value,
             },
         )
@@ -301,7 +299,7 @@ class NotebookPlugin:
         if tries >= spec.retries:
             return
         backoff_s = float(spec.labels.get(BACKOFF_LABEL, DEFAULT_BACKOFF_S)) * 2**tries
-        labels = {k: v for k, v in spec.labels.items() if k not in (OUTPUT_LABEL, LOG_LABEL)}
+        labels = dict(spec.labels)
         labels.update(retry_of=spec.labels.get("retry_of", str(job.id)), retry=str(tries + 1))
         when = self.scheduler.clock.now() + timedelta(seconds=backoff_s)
         again = spec.model_copy(update={"labels": labels, "not_before": when})

@@ -31,9 +31,6 @@ from .definitions import check_schedule, check_timezone
 CELL_TIMEOUT_LABEL = "notebook_cell_timeout_s"
 BACKOFF_LABEL = "notebook_retry_backoff_s"
 CWD_LABEL = "notebook_cwd"
-OUTPUT_LABEL, LOG_LABEL = "output_notebook", "output_log"
-#: Largest parameters object, as JSON: it travels on the node's command line.
-MAX_PARAMETERS_BYTES = 64 * 1024
 #: First wait before a failed run is retried, as the request model says.
 DEFAULT_BACKOFF_S: float = NotebookSubmission.model_fields["retry_backoff_s"].default
 
@@ -58,19 +55,17 @@ def parse_request(data: Any) -> NotebookSubmission:
 def resolve_notebook(path: str, root_dir: str) -> tuple[str, str]:
     """``(path as the job shows it, absolute path)`` of an existing notebook.
 
-    A relative path is an API path under ``root_dir`` and may not leave it; the job shows it
-    relative to the root. An absolute path (from the CLI or a kernel) is taken as it is --
-    whoever may use this API runs code as the server's user anyway -- and shown relative to
-    the root when it lies under it, else absolute.
+    A relative path is an API path under ``root_dir``; an absolute one (from the CLI or a
+    kernel) must lie under it too: the executed notebook and its log are written beside the
+    input, and they belong in the owner's area, nowhere else. The job shows it root-relative.
     """
     root = os.path.realpath(root_dir)
     full = os.path.realpath(path if os.path.isabs(path) else os.path.join(root, path))
-    inside = os.path.commonpath([full, root]) == root
-    if not os.path.isabs(path) and not inside:
+    if os.path.commonpath([full, root]) != root:
         raise InvalidSpecError(
             "notebook",
-            f"{path!r} leads outside the server's root "
-            "directory; give a path under it, or an absolute path",
+            f"{path!r} is outside your root directory {root}, where the executed notebook "
+            "is written; move it there (or give a path under it)",
         )
     if not full.endswith(".ipynb"):
         raise InvalidSpecError("notebook", f"{path!r} is not a notebook (.ipynb)")
@@ -78,8 +73,7 @@ def resolve_notebook(path: str, root_dir: str) -> tuple[str, str]:
         raise NotFoundError(
             f"notebook {path!r} not found (relative paths start at the server's root directory)"
         )
-    shown = os.path.relpath(full, root).replace(os.sep, "/") if inside else full
-    return shown, full
+    return os.path.relpath(full, root).replace(os.sep, "/"), full
 
 
 def is_cron(text: str) -> bool:
@@ -169,11 +163,6 @@ def build_submission(
     for key in request.parameters:
         if not isinstance(key, str) or not key.isidentifier():
             raise InvalidSpecError(f"parameters.{key}", "must be a valid variable name")
-    if len(json.dumps(request.parameters)) > MAX_PARAMETERS_BYTES:
-        raise InvalidSpecError(
-            "parameters",
-            f"larger than {MAX_PARAMETERS_BYTES} bytes as JSON; pass a path to a data file instead",
-        )
     tz_name = request.timezone or config.timezone
     check_timezone(tz_name)
     schedule = request.schedule

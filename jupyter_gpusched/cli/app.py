@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "jupyter_gpusched.cli.notebooks.DefinitionsApp",
         "List, show, pause, resume or delete recurring notebook jobs.",
     ),
+    "kernelspec": (
+        "jupyter_gpusched.cli.kernelspecs.KernelspecApp",
+        "Install a GPU kernel for the launcher (add), or list them.",
+    ),
     "policy": ("jupyter_gpusched.cli.policy.PolicyApp", "Explain which rules hold at a time."),
     "demo": ("jupyter_gpusched.cli.demo.DemoApp", "Run a short workload on the embedded cluster."),
     "simulate": ("jupyter_gpusched.cli.app.SimulateApp", "Replay a GPU-cluster trace."),

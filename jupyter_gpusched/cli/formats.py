@@ -1,50 +1,70 @@
-"""Text views of the API's answers: the queue table and the cluster map.
+"""Text views of the API's answers: the queue table, the cluster map, definitions.
 
-Shared by ``jupyter gpusched queue|nodes``, the ``%gpu`` magic and the demo.
+Shared by ``jupyter gpusched queue|nodes|definitions``, the ``%gpu`` magic and the demo. Every
+figure is written by :mod:`jupyter_gpusched.core.figures` (the widget and the lab panel write
+them the same way); times are local to the terminal unless a timezone is given.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 from jupyter_gpusched.core.api import Cluster, Definition, Gpu, JobView
-from jupyter_gpusched.core.models import Placement
-from jupyter_gpusched.core.units import format_duration_s
+from jupyter_gpusched.core.figures import (
+    clock_label,
+    eta_label,
+    fragmentation_text,
+    gpus_label,
+    position_label,
+    runtime_label,
+    schedule_line,
+    window_line,
+)
+from jupyter_gpusched.core.models import JobState, Placement, array_of
 
 #: GPU state -> glyph in the ``nodes`` map; lower case when the GPU is only partly taken.
 GLYPHS = {"free": ".", "interactive": "I", "batch": "B", "foreign": "F", "down": "x"}
 
 
-def format_queue(jobs: list[JobView], *, total: int | None = None) -> str:
-    """The ``queue`` table: one row per job, the reason it waits or failed at the end."""
+def local_tz() -> tzinfo:
+    """The terminal's timezone."""
+    return datetime.now().astimezone().tzinfo or UTC
+
+
+def format_queue(
+    jobs: list[JobView],
+    *,
+    total: int | None = None,
+    now: datetime | None = None,
+    tz: tzinfo | None = None,
+) -> str:
+    """The ``queue`` table, then why each waiting job waits and when it should start."""
     if not jobs:
         return "no jobs"
+    now, tz = now or datetime.now(UTC), tz or local_tz()
     header = ("ID", "USER", "KIND", "STATE", "GPUS", "NODE", "AGE", "WHAT", "WHY")
     rows = [header]
-    now = datetime.now(UTC)
+    waiting = []
     for job in jobs:
         spec = job.spec
-        gpus = str(spec.gpus)
-        if spec.gpu_share and spec.gpu_share < 1:
-            gpus = f"{spec.gpu_share:g}"
         what = spec.name or " ".join(spec.command or []) or spec.notebook or ""
-        why = job.reason or ""
-        if job.position:
-            why = f"#{job.position} {why}".strip()
-        if job.held:
-            why = f"held {why}".strip()
+        why = "" if job.state is JobState.QUEUED else job.reason or ""
         if job.exit_code not in (None, 0):
             why = why or f"exit {job.exit_code}"
-        age_s = max(0, int((now - job.submitted_at).total_seconds()))
+        if job.state is JobState.QUEUED:
+            why = "held" if job.held else position_label(job.position) if job.position else ""
+            waiting.append(waiting_line(job, now, tz))
+        age_s = max(0.0, (now - job.submitted_at).total_seconds())
+        task = array_of(spec)
         rows.append(
             (
-                str(job.id),
+                str(job.id) if task is None else f"{job.id} ({task[0]}_{task[1]})",
                 job.user,
                 spec.kind.value,
                 job.state.value,
-                gpus,
+                gpus_label(spec.gpus, spec.gpu_share, spec.gpu_mem_gb),
                 _where(job.placement),
-                format_duration_s(age_s, parts=1),
+                runtime_label(age_s),
                 _clip(what, 30),
                 _clip(why, 60),
             )
@@ -53,11 +73,26 @@ def format_queue(jobs: list[JobView], *, total: int | None = None) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if total is not None and total > len(jobs):
         lines.append(f"... {total - len(jobs)} more (use --limit)")
+    if waiting:
+        lines += ["", "waiting:", *(f"  {line}" for line in waiting)]
     return "\n".join(lines)
 
 
-def format_cluster(cluster: Cluster) -> str:
-    """The ``nodes`` map: glyphs per GPU, free count, then figures and the window."""
+def waiting_line(job: JobView, now: datetime, tz: tzinfo) -> str:
+    """``job 12, 2nd in line, starts in 12m (14:05): needs 8 GPUs free on one node; ...``."""
+    parts = [f"job {job.id}"]
+    if job.position:
+        parts.append(position_label(job.position))
+    parts.append(f"starts {eta_label(job.estimated_start, now, tz)}")
+    reason = (job.reason or "no reason yet").removeprefix("waiting: ")
+    return f"{', '.join(parts)}: {reason}"
+
+
+def format_cluster(
+    cluster: Cluster, *, now: datetime | None = None, tz: tzinfo | None = None
+) -> str:
+    """The ``nodes`` map: glyphs per GPU, free count, then figures and the window's rules."""
+    now, tz = now or cluster.at, tz or local_tz()
     rows = []
     for node in cluster.nodes:
         glyphs = "".join(_glyph(g) for g in node.gpus)
@@ -72,38 +107,38 @@ def format_cluster(cluster: Cluster) -> str:
     )
     m, q, w = cluster.metrics, cluster.queue, cluster.window
     lines.append(
-        f"gpus: {m.gpus_free}/{m.gpus_total} free, largest placeable job "
-        f"{m.largest_placeable_gpus} GPUs, fragmentation {m.frag_ratio:.2f}; "
-        f"queue: {q.queued} queued, {q.running} running"
+        f"gpus: {m.gpus_free}/{m.gpus_total} free; queue: {q.queued} waiting, {q.running} running"
     )
-    until = f" until {w.until:%a %H:%M %Z}" if w.until else ""
-    nxt = f", then {w.next_window}" if w.next_window and w.until else ""
-    lines.append(f"window: {w.name}{until}{nxt}")
+    lines.append(f"fragmentation: {fragmentation_text(m.model_dump())}")
+    lines.append(f"window: {window_line(w.model_dump(), now, tz)} ({w.applies})")
+    lines += [f"  - {rule}" for rule in w.rules]
     return "\n".join(lines)
 
 
-def format_definition(d: Definition) -> str:
-    """One line per recurring notebook job."""
-    state = "paused" if d.paused else f"next {_iso(d.next_fire_at)}"
+def format_definition(
+    d: Definition, *, now: datetime | None = None, tz: tzinfo | None = None
+) -> str:
+    """One line per recurring notebook job: its schedule in words and its next run."""
+    now, tz = now or datetime.now(UTC), tz or local_tz()
+    when = "paused" if d.paused else schedule_line(d.schedule_words, d.next_fire_at, now, tz)
     return (
-        f"definition {d.id} [{d.user}] {d.schedule!r} {d.timezone} "
-        f"catch-up {d.catch_up}: {d.spec.notebook} ({state}, {d.fire_count} runs)"
+        f"definition {d.id} [{d.user}] {d.spec.notebook}: {when} "
+        f"({d.timezone}; cron '{d.schedule}', catch-up {d.catch_up}; {d.fire_count} runs)"
     )
 
 
-def format_notebook_job(job: JobView) -> str:
+def format_notebook_job(
+    job: JobView, *, now: datetime | None = None, tz: tzinfo | None = None
+) -> str:
     """A notebook job in one line, with where its executed copy went."""
+    now, tz = now or datetime.now(UTC), tz or local_tz()
     spec = job.spec
     text = f"job {job.id} {job.state.value}: {spec.notebook}"
     if spec.not_before:
-        text += f" (not before {_iso(spec.not_before)})"
-    if "output_notebook" in spec.labels:
-        text += f" -> {spec.labels['output_notebook']}"
+        text += f" (not before {clock_label(spec.not_before, now, tz)})"
+    if job.outputs is not None and job.outputs.notebook:
+        text += f" -> {job.outputs.notebook}"
     return text
-
-
-def _iso(when: datetime | None) -> str:
-    return when.isoformat() if when else "-"
 
 
 def _glyph(gpu: Gpu) -> str:

@@ -7,12 +7,15 @@ could not be reached (one line on stderr says why), 2 bad arguments.
 
 from __future__ import annotations
 
+import os
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from traitlets import Bool, Enum, Float, List, Unicode
 
 from jupyter_gpusched.client.options import resource_fields
+from jupyter_gpusched.core.api import MAX_ARRAY, MAX_LIMIT
 
 from .base import Count, Duration, GpuSchedCommand, IsoTime, Share, Size, UsageError, job_ids
 
@@ -77,10 +80,19 @@ def _json_flag(cls: str) -> dict[str, Any]:
 
 
 class SubmitApp(ResourceOptions):
-    """Queue a script: ``jupyter gpusched submit --gpus 2 --mem 16G -- python train.py``."""
+    """Queue a script: ``jupyter gpusched submit --gpus 2 --mem 16G -- python train.py``.
+
+    Like ``%gpu submit``: local files the command names (relative paths, e.g. ``train.py``)
+    are staged with the job, and it runs in this directory (for nodes that share it), or in
+    its job directory on the node with ``--staged``.
+    """
 
     command = "submit"
-    description = "Queue a script on the GPU cluster; the command to run follows '--'."
+    description = (
+        "Queue a script on the GPU cluster; the command to run follows '--'. Files it names "
+        "(relative paths) are staged; it runs in this directory, or with --staged in the "
+        "job's directory on the node."
+    )
     examples = "jupyter gpusched submit --gpus 2 --mem 16G -- python train.py --lr 0.1"
 
     at = IsoTime(None, allow_none=True, help="Do not start before this ISO time (with zone).").tag(
@@ -89,7 +101,18 @@ class SubmitApp(ResourceOptions):
     env = List(Unicode(), help="NAME=VALUE: an environment variable of the job (repeat).").tag(
         config=True
     )
-    workdir = Unicode(None, allow_none=True, help="Working directory on the node.").tag(config=True)
+    workdir = Unicode(
+        None, allow_none=True, help="Working directory on the node (default: this one)."
+    ).tag(config=True)
+    staged = Bool(
+        False, help="Run the staged copies in the job's directory on the node, not here."
+    ).tag(config=True)
+    array = Count(
+        None,
+        allow_none=True,
+        help="Queue this many copies as one array; each finds its index (0..N-1) in "
+        "$GPUSCHED_ARRAY_INDEX.",
+    ).tag(config=True)
 
     aliases = {
         **GpuSchedCommand.aliases,
@@ -97,11 +120,19 @@ class SubmitApp(ResourceOptions):
         "at": "SubmitApp.at",
         "env": "SubmitApp.env",
         "workdir": "SubmitApp.workdir",
+        "array": "SubmitApp.array",
     }
-    flags = {**GpuSchedCommand.flags, **_json_flag("SubmitApp")}
+    flags = {
+        **GpuSchedCommand.flags,
+        **_json_flag("SubmitApp"),
+        "staged": (
+            {"SubmitApp": {"staged": True}},
+            "Run the staged copies in the job's directory on the node, not here.",
+        ),
+    }
 
     def check(self) -> None:
-        """The command and the environment variables."""
+        """The command, the files it names, the working directory and the environment."""
         if not self.extra_args:
             raise UsageError("give the command to run after --, e.g. -- python train.py")
         env = {}
@@ -110,19 +141,68 @@ class SubmitApp(ResourceOptions):
             if not sep:
                 raise UsageError(f"--env {item!r}: write it as NAME=VALUE")
             env[name] = value
-        self.spec = {"kind": "script", "command": list(self.extra_args), **self.resources()}
-        extra = {"not_before": self.at, "workdir": self.workdir, "env": env or None}
+        command, self.staged_files = staged_command(list(self.extra_args), staged=self.staged)
+        self.spec = {"kind": "script", "command": command, **self.resources()}
+        workdir = self.workdir or (None if self.staged else os.getcwd())
+        files = [os.path.abspath(f) for f in self.staged_files] or None
+        extra = {"not_before": self.at, "workdir": workdir, "env": env or None, "files": files}
         self.spec.update({k: v for k, v in extra.items() if v is not None})
+        if self.array is not None and not 1 <= self.array <= MAX_ARRAY:
+            raise UsageError(f"--array: from 1 to {MAX_ARRAY} tasks, got {self.array}")
 
     def run(self) -> int:
-        """Submit, and say which job it became."""
+        """Submit; say which job (or array of jobs) it became, where it stands, what was staged."""
+        from jupyter_gpusched.core.figures import eta_label, position_label
+
+        from .formats import local_tz
+
+        if self.array is not None:
+            jobs = self.client().submit_array(self.array, self.spec)
+            if self.json:
+                print(jobs.model_dump_json(indent=2))
+            else:
+                last = jobs.jobs[-1].id
+                print(
+                    f"submitted array {jobs.array_id}: {len(jobs.jobs)} jobs "
+                    f"{jobs.array_id}..{last} (queued)"
+                )
+            return 0
         job = self.client().submit(self.spec)
         if self.json:
             print(job.model_dump_json(indent=2))
-        else:
-            where = f", position {job.position}" if job.position else ""
-            print(f"submitted job {job.id} ({job.state.value}{where})")
+            return 0
+        where = [job.state.value]
+        if job.position:
+            where.append(position_label(job.position))
+        if job.estimated_start is not None:
+            now = datetime.now(UTC)
+            where.append(f"starts {eta_label(job.estimated_start, now, local_tz())}")
+        print(
+            f"submitted job {job.id} ({', '.join(where)}); follow it: jupyter gpusched logs "
+            f"{job.id} -f"
+        )
+        if self.staged_files:
+            runs = "in its job directory" if self.staged else f"in {self.spec['workdir']}"
+            print(f"staged {', '.join(self.staged_files)}; it runs {runs}")
         return 0
+
+
+def staged_command(argv: list[str], *, staged: bool) -> tuple[list[str], list[str]]:
+    """The command to run and the local files it names (relative paths to files here).
+
+    With ``staged`` the command names the staged copies, which land in the job's directory
+    under their base names.
+    """
+    files = [a for a in argv if not os.path.isabs(a) and os.path.isfile(a)]
+    if not staged:
+        return argv, files
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in files:
+            arg = os.path.basename(arg)
+            arg = f"./{arg}" if i == 0 else arg  # a program runs from its directory
+        out.append(arg)
+    return out, files
 
 
 class QueueApp(GpuSchedCommand):
@@ -139,6 +219,9 @@ class QueueApp(GpuSchedCommand):
         config=True
     )
     limit = Count(100, help="At most this many rows.").tag(config=True)
+    array = Count(None, allow_none=True, help="Only the jobs of this array (its id).").tag(
+        config=True
+    )
     json = Bool(False, help="Print the API's JSON.").tag(config=True)
 
     aliases = {
@@ -146,6 +229,7 @@ class QueueApp(GpuSchedCommand):
         "state": "QueueApp.state",
         "user": "QueueApp.user",
         "limit": "QueueApp.limit",
+        "array": "QueueApp.array",
     }
     flags = {
         **GpuSchedCommand.flags,
@@ -161,7 +245,9 @@ class QueueApp(GpuSchedCommand):
         from .formats import format_queue
 
         state = self.state or (None if self.all else "queued,starting,running")
-        page = self.client().list_jobs(state=state, user=self.user, limit=self.limit)
+        page = self.client().list_jobs(
+            state=state, user=self.user, array=self.array, limit=self.limit
+        )
         print(
             page.model_dump_json(indent=2)
             if self.json
@@ -171,18 +257,39 @@ class QueueApp(GpuSchedCommand):
 
 
 class CancelApp(GpuSchedCommand):
-    """``cancel ID...``: cancel queued or running jobs."""
+    """``cancel ID...``: cancel queued or running jobs (``--array ID``: an array's)."""
 
     command = "cancel"
-    description = "Cancel queued or running jobs: jupyter gpusched cancel ID [ID ...]."
+    description = (
+        "Cancel queued or running jobs: jupyter gpusched cancel ID [ID ...], or every live "
+        "job of an array: jupyter gpusched cancel --array ID."
+    )
+
+    array = Count(None, allow_none=True, help="Cancel every live job of this array.").tag(
+        config=True
+    )
+    aliases = {**GpuSchedCommand.aliases, "array": "CancelApp.array"}
 
     def check(self) -> None:  # noqa: D102
-        self.ids = job_ids(self.positional("ID", at_least=1))
+        self.ids = job_ids(self.positional("ID", at_least=0 if self.array is not None else 1))
 
     def run(self) -> int:
         """Cancel each job in turn; stop at the first refusal."""
         client = self.client()
-        for job_id in self.ids:
+        ids = list(self.ids)
+        if self.array is not None:
+            live = "queued,starting,running,preempted,lost"
+            page = client.list_jobs(state=live, array=self.array, limit=MAX_LIMIT)
+            while page.jobs:
+                ids.extend(j.id for j in page.jobs)
+                if len(ids) >= page.total:
+                    break
+                page = client.list_jobs(
+                    state=live, array=self.array, limit=MAX_LIMIT, offset=len(ids)
+                )
+            if not ids:
+                print(f"array {self.array}: no live jobs")
+        for job_id in ids:
             job = client.cancel(job_id)
             print(f"job {job.id} {job.state.value}")
         return 0
@@ -192,7 +299,10 @@ class LogsApp(GpuSchedCommand):
     """``logs ID [-f]``: print a job's output."""
 
     command = "logs"
-    description = "Print a job's combined stdout and stderr: jupyter gpusched logs ID [-f]."
+    description = (
+        "Print a job's combined stdout and stderr: jupyter gpusched logs ID [-f] (a notebook "
+        "job's progress lines left out)."
+    )
 
     follow = Bool(False, help="Keep printing until the job ends.").tag(config=True)
     offset = Count(0, help="Start at this byte.").tag(config=True)
@@ -207,20 +317,24 @@ class LogsApp(GpuSchedCommand):
         (self.job_id,) = job_ids(self.positional("ID", at_least=1, at_most=1))
 
     def run(self) -> int:
-        """Copy the log to stdout, as bytes."""
+        """Copy the log to stdout, as bytes, without a notebook job's progress lines."""
+        from jupyter_gpusched.core.progress import ProgressFilter
+
         client = self.client()
         out = sys.stdout.buffer
+        shown = ProgressFilter()
         if self.follow:
             for chunk in client.follow_log(self.job_id, offset=self.offset):
-                out.write(chunk)
+                out.write(shown.feed(chunk))
                 out.flush()
-            return 0
-        offset = self.offset
-        while True:
-            data, offset = client.read_log(self.job_id, offset=offset, limit=1 << 20)
-            out.write(data)
-            if len(data) < 1 << 20:
-                break
+        else:
+            offset = self.offset
+            while True:
+                data, offset = client.read_log(self.job_id, offset=offset, limit=1 << 20)
+                out.write(shown.feed(data))
+                if len(data) < 1 << 20:
+                    break
+        out.write(shown.close())
         out.flush()
         return 0
 

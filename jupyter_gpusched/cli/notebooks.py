@@ -119,7 +119,7 @@ def wait_for_output(client: GpuSchedClient, job_id: int, timeout_s: float = 3600
 
     job = client.wait(job_id, timeout_s=timeout_s)
     deadline = time.monotonic() + 30.0
-    while "output_notebook" not in job.spec.labels and time.monotonic() < deadline:
+    while (job.outputs is None or not job.outputs.notebook) and time.monotonic() < deadline:
         time.sleep(0.3)
         job = client.get_job(job_id)
     return job

@@ -27,6 +27,9 @@ from jupyter_gpusched.core.api import (
     Definition,
     DefinitionList,
     EventMessage,
+    GpuHistory,
+    JobArray,
+    JobEvents,
     JobList,
     JobView,
     LeaseKernel,
@@ -167,19 +170,38 @@ class GpuSchedClient:
             spec = spec.model_dump(mode="json", exclude_unset=True)
         return self._model(JobView, "POST", "jobs", body={**(spec or {}), **fields})
 
+    def submit_array(
+        self, count: int, spec: JobSubmission | dict[str, Any] | None = None, **fields: Any
+    ) -> JobArray:
+        """Queue ``count`` copies of a job as one array (``$GPUSCHED_ARRAY_INDEX`` tells each)."""
+        if isinstance(spec, BaseModel):
+            spec = spec.model_dump(mode="json", exclude_unset=True)
+        body = {**(spec or {}), **fields, "array": count}
+        return self._model(JobArray, "POST", "jobs", body=body)
+
+    def submit_many(self, specs: Iterable[JobSubmission | dict[str, Any]]) -> JobArray:
+        """Queue several jobs in one request (one transaction: all or none)."""
+        body = [
+            s.model_dump(mode="json", exclude_unset=True) if isinstance(s, BaseModel) else s
+            for s in specs
+        ]
+        return self._model(JobArray, "POST", "jobs", body=body)
+
     def list_jobs(
         self,
         *,
         state: str | Iterable[str] | None = None,
         user: str | None = None,
         kind: str | None = None,
+        array: int | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> JobList:
         """One page of jobs, oldest first; ``user="me"`` for the caller's."""
         if state is not None and not isinstance(state, str):
             state = ",".join(state)
-        query = {"state": state, "user": user, "kind": kind, "limit": limit, "offset": offset}
+        query = {"state": state, "user": user, "kind": kind, "array": array}
+        query.update(limit=limit, offset=offset)
         return self._model(JobList, "GET", "jobs", query=query)
 
     def get_job(self, job_id: int) -> JobView:
@@ -210,6 +232,10 @@ class GpuSchedClient:
         with self._open("GET", f"jobs/{int(job_id)}/log", query=query, timeout_s=None) as resp:
             while chunk := resp.read1(65536):
                 yield chunk
+
+    def job_events(self, job_id: int) -> JobEvents:
+        """The job's timeline: state changes with reasons, oldest first."""
+        return self._model(JobEvents, "GET", f"jobs/{int(job_id)}/events")
 
     def wait(self, job_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> JobView:
         """Block until the job finished (succeeded, failed or cancelled); the job."""
@@ -243,6 +269,23 @@ class GpuSchedClient:
     def cluster(self) -> Cluster:
         """Nodes, GPUs, fragmentation figures, the window in force, queue size."""
         return self._model(Cluster, "GET", "cluster")
+
+    def gpu_history(
+        self,
+        *,
+        node: str | None = None,
+        gpus: Iterable[int] | None = None,
+        job: int | None = None,
+        points: int = 500,
+    ) -> GpuHistory:
+        """GPUs' utilization, memory and power over time (``job``: its GPUs over its life)."""
+        query = {
+            "node": node,
+            "gpu": None if gpus is None else ",".join(map(str, gpus)),
+            "job": job,
+            "points": points,
+        }
+        return self._model(GpuHistory, "GET", "cluster/history", query=query)
 
     def policy(self, at: str | None = None) -> PolicyView:
         """The window at ``at`` (ISO time with zone; default now) and an explanation."""

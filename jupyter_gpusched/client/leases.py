@@ -25,6 +25,7 @@ from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.models import TERMINAL_STATES, JobState
 
 from .api import ApiError, GpuSchedClient, ServerInfo, find_server, running_servers
+from .lines import mismatch, plain, running_line, waiting_line
 from .remote import StopWaiting, beating, run_remote
 
 
@@ -105,11 +106,11 @@ class LeaseKeeper:
         return self._client()
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """``fn(*args, **kw)``, a refusal by the server becoming one line."""
+        """``fn(*args, **kw)``, a refusal by the server becoming one line (naming the option)."""
         try:
             return fn(*args, **kw)
         except GpuSchedError as exc:
-            raise UsageError(exc.message) from None
+            raise UsageError(plain(exc)) from None
 
     def full_name(self, name: str) -> str:
         """The server-side lease name: this notebook's, then the user's."""
@@ -117,9 +118,21 @@ class LeaseKeeper:
 
     # -- running a cell -----------------------------------------------------------------------
 
-    def run_cell(self, code: str, name: str, spec: dict[str, Any], timeout_s: float | None) -> Any:
-        """Run ``code`` in the lease's remote kernel, relaying its outputs into this cell."""
-        lease = self.acquire(name, spec, timeout_s)
+    def run_cell(
+        self,
+        code: str,
+        name: str,
+        spec: dict[str, Any],
+        timeout_s: float | None,
+        *,
+        asked: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run ``code`` in the lease's remote kernel, relaying its outputs into this cell.
+
+        ``asked``: the request fields the cell gave; a lease already held that differs from
+        them is not used silently (:func:`mismatch`).
+        """
+        lease = self.acquire(name, spec, timeout_s, asked=asked)
         with lease.lock:
             self.touch_soon(lease)
             try:
@@ -130,25 +143,43 @@ class LeaseKeeper:
                         f"lease {lease.job_id} ended while the cell ran: {gone.why}"
                     ) from None
                 # the cell never reached the kernel: run it on a new lease
-                print(f"%gpu: lease {lease.job_id} ended ({gone.why}); requesting a new one")
+                print(
+                    f"%gpu: lease {lease.job_id} ended ({gone.why}); requesting a new one "
+                    "(variables set on it are gone)"
+                )
         lease = self.acquire(name, spec, timeout_s)
         with lease.lock:
             return self._execute(lease, code)
 
-    def acquire(self, name: str, spec: dict[str, Any], timeout_s: float | None) -> Lease:
+    def acquire(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        timeout_s: float | None,
+        *,
+        asked: dict[str, Any] | None = None,
+    ) -> Lease:
         """A lease with a connected kernel client: the cached one, adopted, or a new one."""
         full = self.full_name(name)
         lease = self.leases.get(full)
+        if lease is not None and (differs := mismatch(lease.job, asked or {}, name)):
+            raise UsageError(differs)
         if lease is not None and lease.kc is not None and not lease.stale:
             if beating(lease.kc):
                 return lease
         if lease is not None and self._refresh(lease) == "ended":
             self.forget(lease)
             why = lease.job.reason or lease.job.state.value
-            print(f"%gpu: lease {lease.job_id} ended ({why}); requesting a new one")
+            print(
+                f"%gpu: lease {lease.job_id} ended ({why}); requesting a new one "
+                "(variables set on it are gone)"
+            )
             lease = None
         if lease is None:
-            lease = self.adopt(full) or self._request(full, name, spec)
+            lease = self.adopt(full)
+            if lease is not None and (differs := mismatch(lease.job, asked or {}, name)):
+                raise UsageError(differs)
+            lease = lease or self._request(full, name, spec)
             self.leases[full] = lease
         while lease.kc is None or lease.stale:  # new, or requeued after its node was lost
             self._wait_running(lease, timeout_s)
@@ -366,26 +397,3 @@ def moved(lease: Lease, answer: LeaseKernel) -> bool:
     return answer.generation != lease.generation or answer.connection.model_dump() != (
         lease.connection
     )
-
-
-def waiting_line(job: JobView, window: Window | None) -> str:
-    """The one line shown while a lease waits: position, reason, the window in force."""
-    parts = [f"%%gpu: waiting for lease {job.id} ({job.spec.gpus} GPU)"]
-    if job.state is JobState.QUEUED and job.position:
-        parts.append(f"#{job.position} in the queue")
-    elif job.state is not JobState.QUEUED:
-        parts.append(job.state.value)
-    if job.reason:
-        parts.append(job.reason)
-    if window is not None:
-        until = f" until {window.until.isoformat()}" if window.until else ""
-        parts.append(f"window {window.name}{until}")
-    return " | ".join(parts)
-
-
-def running_line(job: JobView) -> str:
-    """The line that replaces the waiting one once the lease runs."""
-    placement = job.placement
-    node = placement.node if placement else "?"
-    gpus = ",".join(str(i) for i in placement.gpu_indices) if placement else ""
-    return f"%%gpu: lease {job.id} running on {node} GPU {gpus}"

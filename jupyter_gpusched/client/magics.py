@@ -27,10 +27,12 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from jupyter_gpusched.core.api import JobView, NotebookSubmitted
 from jupyter_gpusched.core.errors import GpuSchedError
+from jupyter_gpusched.core.progress import ProgressFilter
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
 from .api import GpuSchedClient, find_server
 from .leases import LeaseKeeper, discover, session_name
+from .lines import standing
 from .options import HELP, parse_parameter, resource_fields
 
 
@@ -83,6 +85,15 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
         models=args.model,
         max_runtime_s=args.max_runtime,
     )
+
+
+#: The %%gpu options that describe the lease, and the request fields they set.
+_ASKED = {"--gpus": "gpus", "--mem": "gpu_mem_gb", "--share": "gpu_share", "--model": "gpu_models"}
+
+
+def _given(argv: list[str], option: str) -> bool:
+    """Whether the user wrote ``option`` (as ``--gpus 2`` or ``--gpus=2``)."""
+    return any(a == option or a.startswith(option + "=") for a in argv)
 
 
 def _parse(func: Any, argv: list[str], *, partial: bool = False) -> Any:
@@ -146,7 +157,13 @@ class GpuMagics(Magics):
         args = _parse(self.gpu, argv)
         if args is None:
             return None
-        return self.leases.run_cell(cell, args.lease, _fields(args), args.timeout)
+        if args.gpus == 0:
+            raise UsageError(
+                "--gpus 0: a %%gpu cell needs at least 1 GPU (run CPU-only code without %%gpu)"
+            )
+        fields = _fields(args)
+        asked = {f: fields[f] for opt, f in _ASKED.items() if _given(argv, opt) and f in fields}
+        return self.leases.run_cell(cell, args.lease, fields, args.timeout, asked=asked)
 
     def _line(self, argv: list[str]) -> Any:
         commands = {
@@ -251,9 +268,7 @@ class GpuMagics(Magics):
         if args.priority:
             spec["priority"] = args.priority
         job: JobView = self.leases.call(self.client.submit, spec)
-        print(
-            f"%gpu: submitted job {job.id} ({job.state.value}); follow it with %gpu logs {job.id}"
-        )
+        print(f"%gpu: submitted job {job.id} ({standing(job)}); follow it with %gpu logs {job.id}")
         return job
 
     @magic_arguments(name="%gpu submit-notebook")
@@ -291,7 +306,7 @@ class GpuMagics(Magics):
         elif answer.job is not None:
             job = answer.job
             print(
-                f"%gpu: submitted {args.notebook} as job {job.id} ({job.state.value}); "
+                f"%gpu: submitted {args.notebook} as job {job.id} ({standing(job)}); "
                 f"follow it with %gpu logs {job.id}"
             )
         return answer
@@ -313,16 +328,18 @@ class GpuMagics(Magics):
         """Print a job's output."""
         if (args := _parse(self._logs, argv)) is None:
             return
+        shown = ProgressFilter()  # a notebook job's progress lines are not for reading
         if args.follow:
             for chunk in self.leases.call(lambda: list(self.client.follow_log(args.id))):
-                sys.stdout.write(chunk.decode(errors="replace"))
-            return
-        offset = 0
-        while True:
-            data, offset = self.leases.call(self.client.read_log, args.id, offset=offset)
-            if not data:
-                break
-            sys.stdout.write(data.decode(errors="replace"))
+                sys.stdout.write(shown.feed(chunk).decode(errors="replace"))
+        else:
+            offset = 0
+            while True:
+                data, offset = self.leases.call(self.client.read_log, args.id, offset=offset)
+                if not data:
+                    break
+                sys.stdout.write(shown.feed(data).decode(errors="replace"))
+        sys.stdout.write(shown.close().decode(errors="replace"))
         sys.stdout.flush()
 
     @magic_arguments(name="%gpu leases")

@@ -13,8 +13,9 @@ from typing import Any
 
 HELP: dict[str, str] = {
     "gpus": "GPUs, all on one node (default 1).",
-    "mem": "GPU memory needed on each GPU, e.g. 16G.",
-    "share": "Share of one GPU (0-1], e.g. 0.5.",
+    "mem": "GPU memory needed on each GPU, e.g. 16G: a share of a GPU, which other jobs asking "
+    "for memory or a share may use too (without --mem or --share a job's GPUs are its own).",
+    "share": "Share of one GPU (0-1], e.g. 0.5; the rest may go to other shared jobs.",
     "model": "Allowed GPU model, e.g. A100 (repeat the option for more).",
     "max-runtime": "Stop after this long, e.g. 2h.",
     "name": "Display name of the job.",
@@ -25,6 +26,19 @@ HELP: dict[str, str] = {
     "at": "When: now, tonight, a window name, an ISO time, or a cron expression like "
     "'0 2 * * *' (a recurring definition).",
     "kernel": "Kernel name (default: the notebook's).",
+}
+
+
+#: Request fields -> the option that sets them, to name the option in a refusal.
+OPTION_OF = {
+    "gpus": "--gpus",
+    "gpu_mem_gb": "--mem",
+    "gpu_share": "--share",
+    "gpu_models": "--model",
+    "max_runtime_s": "--max-runtime",
+    "cpus": "--cpus",
+    "mem_gb": "--host-mem",
+    "name": "--name",
 }
 
 

@@ -4,8 +4,11 @@
 ``queue``) computed from the API's models by :meth:`ClusterMap.apply_cluster` and
 :meth:`ClusterMap.apply_event`, so the logic is tested through ``get_state()`` with no kernel.
 The children are plain HTML widgets rendered from those traits: a node x GPU map coloured by
-state (the lab panel's colours) with a memory fill and hover details, the fragmentation
-figures, the window in force, and the queue.
+state (the lab panel's colours, exactly the legend's: memory used is a bar beside, not a shade
+over the colour) with the jobs holding each GPU and hover details, the fragmentation figures
+in words, the window in force with its rules, and the queue with each waiting job's place,
+expected start and reason. Every figure is written by :mod:`jupyter_gpusched.core.figures`, as
+in the CLI and the lab panel.
 
 Live updates come from the events websocket (tornado, on the kernel's running asyncio loop);
 a job event that moves GPUs triggers one debounced ``GET cluster``. No polling loop.
@@ -17,14 +20,24 @@ import asyncio
 import contextlib
 import html
 import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 import ipywidgets as widgets
 from traitlets import Bool, Dict, Int, List, Unicode, observe
 
 from jupyter_gpusched.core.api import Cluster, EventMessage, Gpu, JobView, Node
+from jupyter_gpusched.core.figures import (
+    eta_label,
+    fragmentation_text,
+    gpus_label,
+    memory_label,
+    percent,
+    position_label,
+    window_line,
+)
 from jupyter_gpusched.core.models import JobState
-from jupyter_gpusched.core.units import format_size_gb
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +49,8 @@ COLOURS = {
     "foreign": "#ef6c00",
     "down": "#c62828",
 }
+#: The memory bar beside each GPU's colour (the lab panel's too).
+MEM_BAR = "#616161"
 _LIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: Event kinds that cannot change which GPUs are taken.
 _QUIET_KINDS = frozenset({"activity", "waiting", "submitted", "updated"})
@@ -46,11 +61,12 @@ def gpu_title(node: Node, gpu: Gpu) -> str:
     state = gpu.state if node.up else "down"
     lines = [f"{node.name} GPU {gpu.index} ({gpu.model})", f"state: {state}"]
     for job in gpu.jobs:
-        part = f", {job.share:.0%} of the GPU" if job.share < 1 else ""
+        part = f", {percent(job.share)} of the GPU" if job.share < 1 else ""
         lines.append(f"job {job.id} ({job.kind.value}) by {job.user}{part}")
-    used, total = round(gpu.mem_used_gb, 1), round(gpu.mem_total_gb, 1)
-    lines.append(f"memory {format_size_gb(used)} / {format_size_gb(total)}")
-    lines.append(f"utilization {gpu.util_pct:.0f}%")
+    lines.append(f"memory {memory_label(gpu.mem_used_gb, gpu.mem_total_gb)}")
+    lines.append(f"utilization {percent(gpu.util_pct / 100)}")
+    if gpu.power_w is not None:
+        lines.append(f"power {gpu.power_w:.0f} W")
     if not node.up and node.error:
         lines.append(f"node down: {node.error}")
     return "\n".join(lines)
@@ -80,9 +96,12 @@ def _queue_entry(job: JobView) -> dict[str, Any]:
         "user": job.user,
         "kind": spec.kind.value,
         "state": job.state.value,
-        "gpus": spec.gpus,
+        "gpus": gpus_label(spec.gpus, spec.gpu_share, spec.gpu_mem_gb),
         "node": job.placement.node if job.placement else None,
         "position": job.position,
+        "estimated_start": (
+            job.estimated_start.isoformat() if job.estimated_start is not None else None
+        ),
         "reason": job.reason,
         "name": spec.name or " ".join(spec.command or []) or "",
     }
@@ -110,7 +129,17 @@ class ClusterMap(widgets.VBox):
     connected = Bool(False, help="Whether the events websocket is open.").tag(sync=True)
     error = Unicode("", help="Why the view may be stale (server unreachable...).").tag(sync=True)
 
-    def __init__(self, client: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        now: Callable[[], datetime] | None = None,
+        tz: tzinfo | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # The clock and zone times are written in (the kernel's local zone by default).
+        self.now = now or (lambda: datetime.now(UTC))
+        self.tz = tz or _local_tz()
         self._map = widgets.HTML()
         self._figures = widgets.HTML()
         self._window = widgets.HTML()
@@ -262,8 +291,8 @@ class ClusterMap(widgets.VBox):
             for s, c in COLOURS.items()
         )
         self._map.value = (
-            f"<table>{''.join(rows)}</table><div style='font-size:smaller'>{legend} "
-            "(dark fill: memory used)</div>"
+            f"<table>{''.join(rows)}</table><div style='font-size:smaller'>{legend} · "
+            "numbers: the jobs holding a GPU · grey bar: memory used</div>"
             if rows
             else "<i>no nodes yet</i>"
         )
@@ -274,21 +303,9 @@ class ClusterMap(widgets.VBox):
         if not m:
             self._figures.value = ""
             return
-        by_size = (
-            ", ".join(
-                f"{n}×{size} GPUs"
-                for size, n in sorted(
-                    (m.get("free_nodes_by_size") or {}).items(), key=lambda kv: int(kv[0])
-                )
-            )
-            or "none"
-        )
         self._figures.value = (
             f"<div><b>{m.get('gpus_free', '?')}/{m.get('gpus_total', '?')}</b> GPUs free · "
-            f"largest placeable job <b>{m.get('largest_placeable_gpus', '?')}</b> GPUs · "
-            f"fragmentation <b>{_pct(m.get('frag_ratio'))}</b> · "
-            f"allocated <b>{_pct(m.get('allocated_share'))}</b> · "
-            f"fully free nodes: {html.escape(by_size)}</div>"
+            f"{html.escape(fragmentation_text(m))}</div>"
         )
 
     @observe("window")
@@ -297,13 +314,11 @@ class ClusterMap(widgets.VBox):
         if not w:
             self._window.value = ""
             return
-        until = f" until {html.escape(str(w['until']))}" if w.get("until") else ""
-        nxt = w.get("next_window")
-        then = f", then <b>{html.escape(str(nxt))}</b>" if nxt and w.get("until") else ""
-        rules = "; ".join(w.get("rules") or [])
+        line = html.escape(window_line(w, self.now(), self.tz))
+        rules = "".join(f"<li>{html.escape(r)}</li>" for r in w.get("rules") or [])
         self._window.value = (
-            f"<div>window <b>{html.escape(str(w.get('name')))}</b>{until}{then}"
-            f"<div style='font-size:smaller;color:#666'>{html.escape(rules)}</div></div>"
+            f"<div><b>{line}</b> ({html.escape(str(w.get('applies', '')))})"
+            f"<ul style='margin:0;font-size:smaller;color:#666'>{rules}</ul></div>"
         )
 
     @observe("queue")
@@ -311,39 +326,49 @@ class ClusterMap(widgets.VBox):
         if not self.queue:
             self._queue.value = "<div style='color:#666'>queue empty</div>"
             return
+        now, tz = self.now(), self.tz
         rows = "".join(
             "<tr>"
             + "".join(
                 f"<td style='padding:0 6px'>{html.escape(str(v))}</td>"
-                for v in (
-                    j["id"],
-                    j["user"],
-                    j["kind"],
-                    j["state"],
-                    j["gpus"],
-                    j["node"] or "",
-                    f"#{j['position']} " * bool(j["position"]) + (j["reason"] or ""),
-                )
+                for v in (j["id"], j["user"], j["kind"], j["state"], j["gpus"], j["node"] or "")
             )
-            + "</tr>"
+            + f"<td style='padding:0 6px'>{html.escape(_why(j, now, tz))}</td></tr>"
             for j in self.queue
         )
         head = "".join(
             f"<th style='padding:0 6px;text-align:left'>{h}</th>"
-            for h in ("id", "user", "kind", "state", "gpus", "node", "why")
+            for h in ("job", "user", "kind", "state", "gpus", "node", "why and when")
         )
         self._queue.value = f"<table><tr>{head}</tr>{rows}</table>"
 
 
+def _why(job: dict[str, Any], now: datetime, tz: tzinfo) -> str:
+    """``2nd in line, starts in 12m (14:05): needs 8 GPUs ...`` for a waiting job."""
+    if job["state"] != "queued":
+        return ""
+    at = job.get("estimated_start")
+    parts = [position_label(job["position"])] if job.get("position") else []
+    parts.append(f"starts {eta_label(datetime.fromisoformat(at) if at else None, now, tz)}")
+    reason = (job.get("reason") or "").removeprefix("waiting: ")
+    return f"{', '.join(parts)}: {reason}" if reason else ", ".join(parts)
+
+
+def _local_tz() -> tzinfo:
+    return datetime.now().astimezone().tzinfo or UTC
+
+
 def _gpu_cell(gpu: dict[str, Any]) -> str:
+    """One GPU: its state's colour (as in the legend), the jobs holding it, a memory bar."""
     fill = int(round(gpu["mem_fill"] * 100))
+    jobs = ",".join(str(j) for j in gpu["jobs"])
+    text = "#3e3e3e" if gpu["state"] == "free" else "#fff"
     return (
-        f"<div title='{html.escape(gpu['title'], quote=True)}' style='position:relative;"
-        f"width:22px;height:28px;background:{gpu['colour']};border:1px solid #9e9e9e;"
-        f"border-radius:2px'><div style='position:absolute;bottom:0;left:0;right:0;"
-        f"height:{fill}%;background:rgba(0,0,0,0.28)'></div></div>"
+        f"<div title='{html.escape(gpu['title'], quote=True)}' style='display:flex;"
+        f"width:30px;height:28px;border:1px solid #9e9e9e;border-radius:2px;overflow:hidden'>"
+        f"<div style='flex:1;background:{gpu['colour']};color:{text};font-size:9px;"
+        f"line-height:28px;text-align:center;overflow:hidden'>{html.escape(jobs)}</div>"
+        f"<div style='width:5px;background:#f5f5f5;position:relative'><div style='position:"
+        f"absolute;bottom:0;left:0;right:0;height:{fill}%;background:{MEM_BAR}'></div></div>"
+        "</div>"
     )
-
-
-def _pct(value: Any) -> str:
-    return f"{value:.0%}" if isinstance(value, (int, float)) else "?"

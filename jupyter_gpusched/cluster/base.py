@@ -21,6 +21,7 @@ class GpuProcess:
     used_mem_mb: float
     name: str = ""
     job_id: int | None = None  # the gpusched job it belongs to; None = someone else's
+    user: str | None = None  # the account it runs as, when its job could not be read
 
     @property
     def foreign(self) -> bool:
@@ -64,6 +65,9 @@ class JobStatus:
     exit_code: int | None = None  # set once the job ended
     ended_at: datetime | None = None
     lost: bool = False  # the node cannot tell (unreachable) — the scheduler counts these
+    # lost, and the node answered: the process is gone without an exit record (SIGKILL of its
+    # wrapper, a reboot), so waiting for the node to come back would hold its GPUs for ever
+    gone: bool = False
     detail: str | None = None
     checkpoint_at: datetime | None = None  # last checkpoint the job reported (running only)
     # GPUs the job holds when the cluster engine chose them (Slurm), for the placement

@@ -12,6 +12,7 @@ notebook requests take the same :class:`~.models.JobRequirements` fields.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -19,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     StrictBool,
     StrictStr,
     ValidationError,
@@ -46,6 +48,8 @@ MAX_LOG_CHUNK = 1 << 20
 MAX_OFFSET = 2**53
 #: Largest job or definition id (SQL BIGINT).
 MAX_ID = 2**63 - 1
+#: Most jobs one ``POST jobs`` creates (an array's N, or a list's length).
+MAX_ARRAY = 10_000
 
 #: GPU states every client shows, in the order of the legend.
 GpuState = Literal["free", "interactive", "batch", "foreign", "down"]
@@ -69,27 +73,124 @@ class Error(Body):
     field: str | None = Field(None, description="the request field to fix, when one is to blame")
 
 
+# ------------------------------------------------------------------------------------ viewers
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who a view is built for: what they may see of other people's jobs depends on it."""
+
+    user: str
+    admin: bool = False
+
+    def sees_all_of(self, owner: str) -> bool:
+        """Whether this viewer sees everything of ``owner``'s jobs (their own, or an admin)."""
+        return self.admin or self.user == owner
+
+
+#: What others see in place of a private value (an env variable's, a parameter's).
+HIDDEN = "<hidden>"
+#: Event detail keys anyone may see of another user's job (``fields`` is cut to its names).
+_PUBLIC_DETAIL = frozenset(
+    {"reason", "exit_code", "attempt", "node", "user", "definition_id", "action", "state"}
+    | {"retry_job_id", "retry", "of", "not_before"}
+)
+#: Event kinds only the owner (and admins) receive: a notebook's cells as they run.
+PRIVATE_EVENT_KINDS = frozenset({"progress"})
+
+
+def public_spec(spec: JobSpec) -> JobSpec:
+    """A job spec as other users see it: env names without values, no notebook parameters."""
+    return spec.model_copy(update={"env": dict.fromkeys(spec.env, HIDDEN), "parameters": {}})
+
+
+def public_detail(detail: dict[str, Any]) -> dict[str, Any]:
+    """An event's detail as other users see it: public keys only, changed fields by name."""
+    out = {k: v for k, v in detail.items() if k in _PUBLIC_DETAIL}
+    if isinstance(detail.get("fields"), dict):
+        out["fields"] = sorted(detail["fields"])
+    return out
+
+
 # ------------------------------------------------------------------------------------ jobs
 
 
+class JobOutputs(Body):
+    """What a notebook job left in its owner's area, set by the server (never by labels)."""
+
+    notebook: str | None = Field(None, description="the executed notebook, root-relative")
+    log: str | None = Field(None, description="its log, root-relative")
+
+
 class JobView(JobRecord):
-    """A job as the API shows it: its record plus owner, queue position and effective class."""
+    """A job as the API shows it: its record plus owner, queue position and effective class.
+
+    Built for a viewer: to anyone but its owner and admins it shows no env values (names
+    only), no notebook parameters, no ``handle`` (pids, paths on the node) and no ``outputs``,
+    and says so with ``redacted``.
+    """
 
     model_config = ConfigDict(title="Job")
 
     user: str = Field(description="the owner")
     position: int | None = Field(None, ge=1, description="1-based queue position while queued")
     priority_class: PriorityClass = Field(description="explicit priority, else by kind")
+    outputs: JobOutputs | None = Field(
+        None, description="a notebook job's executed notebook and log, once back (owner only)"
+    )
+    redacted: bool = Field(
+        False,
+        description="shown to someone other than its owner or an admin: env values, "
+        "parameters, handle and outputs left out",
+    )
+    estimated_start: datetime | None = Field(
+        None,
+        description="while queued: when it is expected to start, from the running jobs' "
+        "declared or estimated ends and the jobs ahead of it (the backfill's estimate); null "
+        "when it cannot be told (held, a quota, more than every running job ending frees)",
+    )
 
     @classmethod
-    def of(cls, job: Job, position: int | None = None) -> JobView:
-        """The view of a stored job (no validation: the job was checked when stored)."""
+    def of(
+        cls,
+        job: Job,
+        position: int | None = None,
+        viewer: Viewer | None = None,
+        estimated_start: datetime | None = None,
+    ) -> JobView:
+        """The view of a stored job for ``viewer`` (None: everything, for the server itself).
+
+        No validation: the job was checked when stored.
+        """
+        full = viewer is None or viewer.sees_all_of(job.user)
+        outputs = job.handle.get("outputs") if full else None
+        fields = dict(job)
+        if not full:
+            fields.update(spec=public_spec(job.spec), handle={})
         return cls.model_construct(
-            **dict(job),
+            **fields,
             user=job.user,
             position=position,
             priority_class=job.spec.priority_class,
+            outputs=JobOutputs.model_construct(**outputs) if outputs else None,
+            redacted=not full,
+            estimated_start=estimated_start,
         )
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """One line in IPython (a trailing ``%gpu submit`` shows this, not 40 lines)."""
+        p.text(f"<Job {self.id} {self.state.value}: {self.spec.name or self.spec.kind.value}>")
+
+
+class JobArray(Body):
+    """Answer of a bulk ``POST jobs`` (a list, or ``array: N``): every job it queued.
+
+    The jobs carry the labels ``array_id`` (the first job's id) and ``array_index`` (0-based),
+    and see both as ``$GPUSCHED_ARRAY_ID`` and ``$GPUSCHED_ARRAY_INDEX``.
+    """
+
+    array_id: int = Field(description="id of the first job; `GET jobs?array=` lists them all")
+    jobs: list[JobView] = Field(description="in index order")
 
 
 class JobList(Body):
@@ -168,6 +269,7 @@ class Gpu(Body):
     mem_total_gb: float
     mem_used_gb: float = Field(description="measured, or reserved by jobs if more")
     util_pct: float
+    power_w: float | None = Field(None, description="power draw, when the node reports it")
     state: GpuState
     share_used: float = Field(ge=0, le=1)
     nvlink_peers: list[int] = Field(description="indices of GPUs reachable over NVLink")
@@ -197,6 +299,12 @@ class Metrics(Body):
     frag_ratio: float = Field(description="share of the free capacity the job mix cannot use")
     gpus_total: int
     gpus_free: int
+    gpus_stranded: float = Field(
+        0.0, description="free GPU capacity left in partly used GPUs (whole-GPU jobs cannot use)"
+    )
+    largest_placeable_node: str | None = Field(
+        None, description="an up node with `largest_placeable_gpus` whole GPUs free"
+    )
 
 
 class Window(Body):
@@ -262,6 +370,36 @@ class EventMessage(Body):
     cluster: Cluster | None = None
 
 
+class JobEvents(Body):
+    """``GET jobs/{id}/events``: the job's timeline, oldest first (state changes with reasons)."""
+
+    events: list[EventMessage]
+
+
+class GpuSeries(Body):
+    """One GPU's samples over time, as columns (one entry per sample)."""
+
+    node: str
+    index: int
+    model: str
+    mem_total_gb: float
+    at: list[datetime] = Field(description="when each sample was taken")
+    util_pct: list[float]
+    mem_used_gb: list[float]
+    power_w: list[float | None]
+    jobs: list[list[int]] = Field(description="the jobs holding the GPU at each sample")
+
+
+class GpuHistory(Body):
+    """``GET cluster/history``: utilization, memory and power of GPUs over time."""
+
+    interval_s: float = Field(description="seconds between probes of the nodes")
+    kept_samples: int = Field(description="samples kept per GPU (older ones are dropped)")
+    since: datetime | None
+    until: datetime | None
+    series: list[GpuSeries]
+
+
 # ------------------------------------------------------------------------------------ notebooks
 
 
@@ -285,6 +423,19 @@ class JobPost(JobSubmission):
     uploads: list[FileUpload] | None = Field(
         None, description="files staged beside the job, instead of `files` paths"
     )
+    array: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ARRAY,
+        description="queue this many copies as one array (answered as `JobArray`); each "
+        "sees its index in `$GPUSCHED_ARRAY_INDEX`",
+    )
+
+
+class JobPostList(RootModel[list[JobPost]]):
+    """``POST jobs`` with a list: several jobs (without `array`) queued in one transaction."""
+
+    root: list[JobPost] = Field(min_length=1, max_length=MAX_ARRAY)
 
 
 class NotebookSubmission(JobRequirements):
@@ -324,6 +475,7 @@ class Definition(Body):
     name: str | None = None
     user: str
     schedule: str = Field(description="cron expression, e.g. '0 2 * * *', or @daily/@hourly")
+    schedule_words: str = Field("", description="the schedule in words, e.g. 'weekdays at 22:00'")
     timezone: str = Field(description="IANA timezone the schedule is read in")
     catch_up: CatchUp = Field(description="after downtime: 'skip' missed firings or run 'once'")
     paused: bool = False
@@ -335,6 +487,12 @@ class Definition(Body):
     created_at: datetime
     updated_at: datetime
     runs: list[DefinitionRun] = Field(default_factory=list, description="latest firings first")
+
+    def seen_by(self, viewer: Viewer) -> Definition:
+        """The definition as ``viewer`` may see it: others' without env values or parameters."""
+        if viewer.sees_all_of(self.user):
+            return self
+        return self.model_copy(update={"spec": public_spec(self.spec)})
 
 
 class DefinitionList(Body):
@@ -369,6 +527,13 @@ class NotebookSubmitted(Body):
 
     job: JobView | None
     definition: Definition | None
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """One line in IPython (a trailing ``%gpu submit-notebook`` shows this)."""
+        if self.definition is not None:
+            p.text(f"<Definition {self.definition.id}: {self.definition.schedule_words}>")
+        elif self.job is not None:
+            self.job._repr_pretty_(p, cycle)
 
 
 # ------------------------------------------------------------------------------------ parsing

@@ -8,7 +8,7 @@ not delay that reservation. Pure functions; ``now`` is always passed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -172,3 +172,101 @@ def consume_spare(
     if ends_at is not None and _aware(ends_at) <= reservation.start:
         return reservation
     return replace(reservation, spare_gpus=max(0.0, reservation.spare_gpus - gpus))
+
+
+# --------------------------------------------------------------------------------------------
+# Expected starts of the whole queue
+
+#: Waiting jobs given an expected start, at most (the rest: None); keeps a pass cheap.
+MAX_EXPECTED = 200
+
+
+def expected_starts(
+    queue: Sequence[Job],
+    running: Iterable[Job | Release],
+    free_gpus: Mapping[str, float],
+    now: datetime,
+    *,
+    estimate: Callable[[Job], float],
+    not_before: Mapping[int, datetime] | None = None,
+) -> dict[int, datetime | None]:
+    """When each waiting job is expected to start, in queue order (None: cannot tell).
+
+    The head gets :func:`reserved_start`'s answer; each later job starts at the earliest
+    instant some node has its GPUs free for its whole estimated runtime, once the running
+    jobs end as estimated and the jobs ahead of it have taken theirs (a conservative
+    backfill profile). ``not_before`` holds a lower bound per job id (a window that opens, a
+    not-before time). ``estimate`` is the backfill's runtime estimate.
+    """
+    now = _aware(now)
+    running = list(running)
+    rels = [r for r in running if isinstance(r, Release)]
+    rels += releases_of((j for j in running if isinstance(j, Job)), estimate, now)
+    # Free GPUs per node as a step function: node -> sorted [(instant, change)].
+    steps: dict[str, list[tuple[datetime, float]]] = {n: [] for n in free_gpus}
+    for rel in rels:
+        steps.setdefault(rel.node, []).append((rel.at, rel.gpus))
+    for seq in steps.values():
+        seq.sort()
+    out: dict[int, datetime | None] = {}
+    for i, job in enumerate(queue):
+        if i >= MAX_EXPECTED:
+            out[job.id] = None
+            continue
+        need, runtime_s = job_gpus(job), estimate(job)
+        floor = max(now, (not_before or {}).get(job.id, now))
+        if i == 0 and floor == now:
+            res = reserved_start(job, running, free_gpus, now, estimate=estimate)
+            start, node = res.start, res.node
+        else:
+            start, node = _profile_fit(need, runtime_s, steps, free_gpus, floor)
+        out[job.id] = start
+        if start is not None and node in steps and need > 0:
+            seq = steps[node]
+            seq += [(start, -need), (start + timedelta(seconds=runtime_s), need)]
+            seq.sort()
+    return out
+
+
+def _profile_fit(
+    need: float,
+    runtime_s: float,
+    steps: Mapping[str, Sequence[tuple[datetime, float]]],
+    free: Mapping[str, float],
+    floor: datetime,
+) -> tuple[datetime | None, str | None]:
+    """Earliest instant >= ``floor`` some node keeps ``need`` GPUs free for ``runtime_s``.
+
+    Ties go to the node with the fewest GPUs free now (best fit), then by name.
+    """
+    best: tuple[datetime, float, str] | None = None
+    span = timedelta(seconds=runtime_s)
+    for node, seq in steps.items():
+        level = free.get(node, 0.0)
+        k = 0
+        while k < len(seq) and seq[k][0] <= floor:
+            level += seq[k][1]
+            k += 1
+        # A start can only be at the floor or where this node's level rises.
+        starts = [(floor, level, k)]
+        lvl = level
+        for m in range(k, len(seq)):
+            lvl += seq[m][1]
+            if m + 1 == len(seq) or seq[m + 1][0] > seq[m][0]:
+                starts.append((seq[m][0], lvl, m + 1))
+        for t, at_t, after in starts:
+            if best is not None and t > best[0]:
+                break
+            if at_t + 1e-9 < need:
+                continue
+            lowest, lvl = at_t, at_t
+            for at, change in seq[after:]:
+                if at >= t + span:
+                    break
+                lvl += change
+                lowest = min(lowest, lvl)
+            if lowest + 1e-9 >= need:
+                key = (t, free.get(node, 0.0), node)
+                best = key if best is None or key < best else best
+                break
+    return (best[0], best[2]) if best is not None else (None, None)

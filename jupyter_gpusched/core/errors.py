@@ -64,6 +64,12 @@ class IllegalTransitionError(ConflictError):
         self.to_state = to_state
 
 
+class TooManyError(GpuSchedError):
+    """The user holds as many of something (log follows) as one user may at once."""
+
+    status = 429
+
+
 class InfeasibleError(GpuSchedError):
     """The request can never fit this cluster; the message says what would."""
 
@@ -76,11 +82,29 @@ class BackendError(GpuSchedError):
     status = 502
 
 
+class UnavailableError(GpuSchedError):
+    """The store cannot be used now (down, locked, unreadable); try again after a while."""
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class NodeRefusedError(BackendError):
     """The node answered, and said no: its command ran and failed (nothing was left running).
 
     Unlike other backend errors (unreachable, connection lost, timed out), this one is
     definite: the node did what it was asked and reported the failure.
+    """
+
+
+class AccountError(NodeRefusedError):
+    """The job's owner cannot run on the node: no such account, no SSH key, sudo says no.
+
+    Definite and no fault of the node: trying again does not help, so the job fails at once
+    with this message. Jobs never fall back to the scheduler's own account.
     """
 
 

@@ -5,14 +5,41 @@ Pydantic models apart from database rows; the store maps rows to these.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import IllegalTransitionError, InvalidSpecError
+from .units import format_size_bytes
+
+# Limits on what a job may carry. The command and environment end up in an exec on the node,
+# where Linux refuses any one string past MAX_ARG_STRLEN (128 KiB with its NUL) and all of
+# them past ARG_MAX (2 MiB by default); everything else is stored and listed with the job, so
+# a 10 MB label would make every page of the queue 10 MB.
+#: Largest argument or environment string ("NAME=value"), in bytes.
+MAX_ARG_BYTES = 128 * 1024 - 1
+#: Largest command and environment together, in bytes.
+MAX_EXEC_BYTES = 1024 * 1024
+#: Largest notebook parameters, as JSON.
+MAX_PARAMETERS_BYTES = 64 * 1024
+#: Longest path (working directory, notebook, staged file).
+MAX_PATH = 4096
+MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 128, 1024
+MAX_FILES = 1000
+PathText = Annotated[str, StringConstraints(max_length=MAX_PATH)]
 
 
 class JobKind(StrEnum):
@@ -93,7 +120,7 @@ class JobRequirements(BaseModel):
     parameters: dict[str, Any] = Field(
         default_factory=dict, description="papermill-style parameters of a notebook job"
     )
-    kernel_name: str | None = Field(None, description="kernel of a notebook job")
+    kernel_name: str | None = Field(None, max_length=200, description="kernel of a notebook job")
     gpus: int = Field(1, ge=0, le=64, description="number of GPUs, all on one node")
     gpu_mem_gb: float | None = Field(
         None, gt=0, le=1024, description="GPU memory needed on each GPU, in GB"
@@ -103,15 +130,24 @@ class JobRequirements(BaseModel):
     )
     cpus: float = Field(1.0, gt=0, le=1024, description="CPU cores")
     mem_gb: float = Field(4.0, gt=0, le=16384, description="host memory in GB")
-    gpu_models: list[str] = Field(
-        default_factory=list, description="allowed GPU models, e.g. ['A100']; empty = any"
+    gpu_models: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="allowed GPU models, e.g. ['A100']; empty = any",
     )
     priority: PriorityClass | None = Field(
         None, description="interactive or batch; default: interactive for leases, else batch"
     )
     max_runtime_s: float | None = Field(None, gt=0, description="kill the job after this long")
-    labels: dict[str, str] = Field(default_factory=dict, description="free-form tags")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    labels: dict[
+        Annotated[str, StringConstraints(max_length=MAX_LABEL_KEY)],
+        Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)],
+    ] = Field(default_factory=dict, max_length=MAX_LABELS, description="free-form tags")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra environment variables (with the command: at most 1 MB, "
+        "128 KB a variable)",
+    )
     retries: int = Field(0, ge=0, le=100, description="requeue this many times if lost")
 
     @field_validator("env")
@@ -120,6 +156,18 @@ class JobRequirements(BaseModel):
         for key in v:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+        _check_strings((f"{k}={x}" for k, x in v.items()), "variable")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_size(cls, v: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(v, default=str).encode())
+        if size > MAX_PARAMETERS_BYTES:
+            raise ValueError(
+                f"{format_size_bytes(size)} as JSON; at most "
+                f"{format_size_bytes(MAX_PARAMETERS_BYTES)}: pass a path to a data file instead"
+            )
         return v
 
 
@@ -130,12 +178,16 @@ class JobSubmission(JobRequirements):
 
     kind: JobKind = Field(description="lease (interactive cells), script or notebook")
     command: list[str] | None = Field(
-        None, description="argv of a script job, e.g. ['python', 'train.py', '--lr', '0.1']"
+        None,
+        description="argv of a script job, e.g. ['python', 'train.py', '--lr', '0.1'] "
+        "(with env: at most 1 MB, 128 KB an argument)",
     )
-    notebook: str | None = Field(None, description="path of the notebook of a notebook job")
+    notebook: PathText | None = Field(None, description="path of the notebook of a notebook job")
     not_before: datetime | None = Field(None, description="do not start before this time")
-    workdir: str | None = Field(None, description="working directory on the node")
-    files: list[str] = Field(default_factory=list, description="files to stage onto the node")
+    workdir: PathText | None = Field(None, description="working directory on the node")
+    files: list[PathText] = Field(
+        default_factory=list, max_length=MAX_FILES, description="files to stage onto the node"
+    )
     lease_name: str | None = Field(None, max_length=200, description="name of a lease")
 
     @field_validator("command")
@@ -143,6 +195,8 @@ class JobSubmission(JobRequirements):
     def _command_nonempty(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and (not v or not all(isinstance(a, str) for a in v) or not v[0]):
             raise ValueError("must be a non-empty list of strings, e.g. ['python', 'train.py']")
+        if v is not None:
+            _check_strings(v, "argument")
         return v
 
     @field_validator("not_before")
@@ -164,6 +218,15 @@ class JobSubmission(JobRequirements):
             raise _FieldError("gpus", "a fractional gpu_share needs gpus = 1")
         if self.gpus == 0 and (self.gpu_share is not None or self.gpu_mem_gb is not None):
             raise _FieldError("gpus", "gpu_share and gpu_mem_gb need gpus >= 1")
+        strings = [*(self.command or ()), *(f"{k}={v}" for k, v in self.env.items())]
+        size = sum(len(a.encode()) + 1 for a in strings)
+        if size > MAX_EXEC_BYTES:
+            raise _FieldError(
+                "command",
+                f"command and env come to {format_size_bytes(size)}; at most "
+                f"{format_size_bytes(MAX_EXEC_BYTES)} together (what the node's exec takes): "
+                "pass big data in a file",
+            )
         return self
 
     @property
@@ -190,6 +253,41 @@ class JobSpec(JobSubmission):
         max_length=200,
         description="the owner, from the server's identity provider",
     )
+
+
+#: Labels and environment variables that tie the tasks of one array (bulk submit) together.
+ARRAY_ID_LABEL, ARRAY_INDEX_LABEL = "array_id", "array_index"
+ARRAY_ID_ENV, ARRAY_INDEX_ENV = "GPUSCHED_ARRAY_ID", "GPUSCHED_ARRAY_INDEX"
+
+
+def array_task(spec: JobSpec, array_id: int, index: int) -> JobSpec:
+    """``spec`` as task ``index`` of array ``array_id``: labelled, and told in its environment.
+
+    Not validated again: only two short labels and variables are added to a checked spec.
+    """
+    labels = {**spec.labels, ARRAY_ID_LABEL: str(array_id), ARRAY_INDEX_LABEL: str(index)}
+    env = {**spec.env, ARRAY_ID_ENV: str(array_id), ARRAY_INDEX_ENV: str(index)}
+    return spec.model_copy(update={"labels": labels, "env": env})
+
+
+def array_of(spec: JobSpec) -> tuple[int, int] | None:
+    """``(array id, index)`` of an array task, None for a job submitted alone."""
+    aid, index = spec.labels.get(ARRAY_ID_LABEL), spec.labels.get(ARRAY_INDEX_LABEL)
+    if aid is None or index is None or not aid.isdigit() or not index.isdigit():
+        return None
+    return int(aid), int(index)
+
+
+def _check_strings(strings: Iterable[str], what: str) -> None:
+    """Refuse any one string the node's exec would refuse (Linux's MAX_ARG_STRLEN)."""
+    for i, text in enumerate(strings):
+        size = len(text.encode())
+        if size > MAX_ARG_BYTES:
+            raise ValueError(
+                f"{what} {i} is {format_size_bytes(size)}; at most "
+                f"{format_size_bytes(MAX_ARG_BYTES)} each (the node's limit for one string): "
+                "pass big data in a file"
+            )
 
 
 class _FieldError(ValueError):
@@ -220,6 +318,15 @@ def invalid_field(exc: ValidationError) -> InvalidSpecError:
     if isinstance(ctx_error, _FieldError):
         return InvalidSpecError(ctx_error.field, ctx_error.message)
     msg = err["msg"]
+    bounds = {
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("less than", "lt"),
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("more than", "gt"),
+    }
+    if err["type"] in bounds:  # "must be at most 64, not 99", not pydantic's wording
+        words, key = bounds[err["type"]]
+        return InvalidSpecError(loc, f"must be {words} {err['ctx'][key]}, not {err['input']!r}")
     if err["type"] == "extra_forbidden":
         msg = "unknown field; check the spelling against the API documentation"
     elif err["type"] == "missing":

@@ -215,6 +215,8 @@ class Admission:
     reason: str | None = None
     # Stop the job after this long (the window's batch limit or its declared runtime).
     runtime_limit_s: float | None = None
+    # What holds it back: "held", "not_before", "quota" or "window" (None when ok).
+    blocked_by: str | None = None
 
     def __bool__(self) -> bool:
         return self.ok
@@ -228,20 +230,24 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
     w, now, gpus = ctx.window, _aware(ctx.now), job_gpus(job)
     tz = ZoneInfo(ctx.timezone)
     if job.held:
-        return Admission(False, "waiting: held by its owner")
+        return Admission(False, "waiting: held by its owner", blocked_by="held")
     if job.spec.not_before is not None and job.spec.not_before > now:
-        return Admission(False, f"waiting: not before {_local_time(job.spec.not_before, now, tz)}")
+        when = _local_time(job.spec.not_before, now, tz)
+        return Admission(False, f"waiting: not before {when}", blocked_by="not_before")
     q = ctx.quota_for(job.user)
     held = ctx.user_gpus.get(job.user, 0.0)
     if q.gpus_at_once is not None and held + gpus > q.gpus_at_once + 1e-9:
         return Admission(
-            False, f"waiting: quota ({_num(held)} of {_num(q.gpus_at_once)} GPUs in use)"
+            False,
+            f"waiting: quota ({_num(held)} of {_num(q.gpus_at_once)} GPUs in use)",
+            blocked_by="quota",
         )
     used_h = ctx.user_gpu_hours_today.get(job.user, 0.0)
     if q.gpu_hours_per_day is not None and gpus > 0 and used_h >= q.gpu_hours_per_day:
         return Admission(
             False,
             f"waiting: quota ({used_h:.1f} of {_num(q.gpu_hours_per_day)} GPU-hours used today)",
+            blocked_by="quota",
         )
     if job.spec.priority_class is PriorityClass.INTERACTIVE:
         cap = w.interactive_max_share * ctx.total_gpus
@@ -251,13 +257,20 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
                 f"waiting: {w.name} window lets interactive work take at most "
                 f"{w.interactive_max_share:.0%} of GPUs ({_num(ctx.interactive_gpus)} of "
                 f"{_num(cap)} in use)",
+                blocked_by="window",
             )
         return Admission(True, runtime_limit_s=job.spec.max_runtime_s)
-    if ctx.batch_gpus + gpus > ctx.total_gpus - reserved_gpus(w, ctx.total_gpus) + 1e-9:
+    reserved = reserved_gpus(w, ctx.total_gpus)
+    free = ctx.total_gpus - ctx.batch_gpus - ctx.interactive_gpus
+    # The window is the cause only where the GPUs are free but kept for interactive work;
+    # where they are not free at all, the packer's reason (which GPUs, on which nodes) is.
+    if ctx.batch_gpus + gpus > ctx.total_gpus - reserved + 1e-9 and gpus <= free + 1e-9:
         return Admission(
             False,
-            f"waiting: {w.name} window reserves {w.interactive_reserved_share:.0%} of GPUs "
-            "for interactive work",
+            f"waiting: the {w.name} window reserves {w.interactive_reserved_share:.0%} of GPUs "
+            f"({reserved}) for interactive work; batch jobs hold {_num(ctx.batch_gpus)} of the "
+            f"other {_num(ctx.total_gpus - reserved)}",
+            blocked_by="window",
         )
     limit = w.batch_max_runtime_s
     declared = job.spec.max_runtime_s
@@ -266,6 +279,7 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
             False,
             f"waiting: declares {format_duration_s(declared)} runtime, {w.name} window starts "
             f"batch jobs of at most {format_duration_s(limit)}",
+            blocked_by="window",
         )
     limits = [x for x in (limit, declared) if x is not None]
     return Admission(True, runtime_limit_s=min(limits) if limits else None)

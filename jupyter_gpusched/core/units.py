@@ -42,6 +42,18 @@ def format_size_gb(gb: float) -> str:
     return f"{_plain(gb * 1024**2)}K"
 
 
+def format_size_bytes(size: float) -> str:
+    """``293K``, ``1.05M``, ``96M``: a byte count for a message, to three figures.
+
+    Rounded for reading, unlike :func:`format_size_gb`, whose output parses back exactly.
+    """
+    _check(size, "size")
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g}{unit}"
+    return f"{size:.0f}B"
+
+
 def parse_duration_s(text: str | float | int) -> float:
     """Read ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` (spaces allowed) or a number of seconds."""
     if isinstance(text, (int, float)):

@@ -6,13 +6,13 @@ gone (a detached kernel would otherwise shut itself down) and cancel TERMs its p
 It writes a 0600 connection file in the job's directory (CurveZMQ keys, ports 0); the kernel
 binds 127.0.0.1 on the node, encrypts its sockets and fills in the ports it bound.
 
-Server side, :class:`KernelBridge` reads that file once the lease runs (one SSH command that
-waits for it), forwards the five kernel ports over the server's own SSH connection to local
-127.0.0.1 ports, and hands the local connection info to the lease's owner (``GET
-gpusched/api/leases/{id}/kernel``, see :mod:`jupyter_gpusched.server.handlers.leases`). A
-dropped SSH connection closes the forwards; the next request for the connection forwards again
-onto the *same* local ports, so connected kernel clients only need to reconnect. When the lease
-ends, its forwards close.
+Server side, :class:`KernelBridge` reads that file once the lease runs (one agent command, run
+as the lease's owner, that waits for it), forwards the five kernel ports over the server's own
+SSH connection to local 127.0.0.1 ports, and hands the local connection info to the lease's
+owner (``GET gpusched/api/leases/{id}/kernel``, see
+:mod:`jupyter_gpusched.server.handlers.leases`). A dropped SSH connection closes the forwards;
+the next request for the connection forwards again onto the *same* local ports, so connected
+kernel clients only need to reconnect. When the lease ends, its forwards close.
 
 The node side is :mod:`jupyter_gpusched.node.kernel`; the client side, which relays a cell's
 outputs into the user's notebook, is :mod:`jupyter_gpusched.client.remote`.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import weakref
 from collections.abc import Sequence
@@ -98,7 +97,8 @@ class KernelBridge:
     scheduler
         The scheduler whose leases are bridged (for job records and the end hook).
     backend
-        An :class:`~jupyter_gpusched.cluster.ssh.SshBackend` (``run``, ``forward_local_port``).
+        An :class:`~jupyter_gpusched.cluster.ssh.SshBackend` (``kernel_connection``,
+        ``remove_file``, ``forward_local_port``).
     connect_timeout_s
         How long to wait for a freshly started kernel to write its connection file.
     listen_ip
@@ -142,9 +142,8 @@ class KernelBridge:
         await self._drop(job.id)
         if job.spec.kind.value != "lease" or not job.handle.get("node"):
             return
-        path = self._remote_path(job)
         with contextlib.suppress(Exception):  # best effort: the node may be gone
-            await self.backend.run(job.handle["node"], ["rm", "-f", path], timeout_s=15)
+            await self.backend.remove_file(job, self._remote_path(job))
 
     async def close(self) -> None:
         """Close every forward (server shutdown); the kernels keep running on their nodes."""
@@ -163,25 +162,14 @@ class KernelBridge:
         node = job.handle.get("node") or (job.placement.node if job.placement else None)
         if not node or not job.handle.get("job_dir"):
             raise ConflictError(f"lease {job.id} has no launch record yet; ask again shortly")
-        argv = [
-            _node_python(self.backend, node),
-            "-m",
-            _MODULE,
-            "connection",
-            "--path",
-            self._remote_path(job),
-            "--timeout",
-            str(self.connect_timeout_s),
-        ]
-        result = await self.backend.run(node, argv, timeout_s=self.connect_timeout_s + 30)
         try:
-            remote = json.loads(result.stdout)
-        except (TypeError, ValueError):
-            remote = None
-        if result.exit_status != 0 or not isinstance(remote, dict) or "error" in remote:
-            why = (remote or {}).get("error") if isinstance(remote, dict) else None
-            why = why or str(result.stderr or result.stdout).strip()[-500:]
-            raise BackendError(f"lease {job.id}: the kernel on {node} did not start: {why}")
+            remote = await self.backend.kernel_connection(
+                job, self._remote_path(job), timeout_s=self.connect_timeout_s
+            )
+        except BackendError as exc:
+            raise BackendError(
+                f"lease {job.id}: the kernel on {node} did not start: {exc.message}"
+            ) from None
         lk = _LeaseKernel(job.id, job.attempt, node, remote, self.listen_ip)
         await self._forward(lk)
         return lk

@@ -1,9 +1,14 @@
-"""The node agent: ``python -m jupyter_gpusched.node.agent probe|launch|status|kill|log``.
+"""The node agent: ``python -m jupyter_gpusched.node.agent probe|launch|status|kill|log|...``.
 
 Runs on each GPU node over SSH, so it imports only the standard library (plus pynvml when the
 node has it) and may run under the node's system Python. Every subcommand prints one JSON
 object on stdout; errors print ``{"error": ...}`` and exit 1. ``log`` is the exception: it
 writes raw log bytes.
+
+It is the one entry point the scheduler runs as a job's owner (``gpusched-agent``, the console
+script, is what a sudoers line names): staging, launch, status, kill, logs, claims and lease
+kernel connection files all go through it. Whatever it creates is private to the user it runs
+as (umask 077, job dirs 0700); the job itself gets the umask the agent was started with.
 
 A job runs under a small wrapper that is its own session leader (it survives the SSH channel
 and the scheduler), starts the job in a process group of its own (so cancelling the job never
@@ -24,6 +29,7 @@ from datetime import UTC
 from typing import Any
 
 from .probe import AgentError, probe
+from .stage import private_dir, stage
 
 # subprocess, socket, csv, select and datetime are imported by the subcommands that use them:
 # every poll starts this module on the node, so its start-up time is paid on each call.
@@ -66,14 +72,30 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _wrap(job_dir: str, argv: list[str], report_fd: int, answer: dict[str, Any]) -> int:
-    """Body of the wrapper process: run the job, record its launch, record how it ended.
-
-    The wrapper writes the launch record itself, right after starting the job: it is already
-    detached (its own session), so an agent killed mid-launch (its SSH channel closed) cannot
-    leave a job running without a record.
-    """
+def _wrap(job_dir: str, argv: list[str], report_fd: int, log_path: str, umask: int) -> int:
+    """Body of the wrapper process: run the job, record and report it, record how it ended."""
     child = 0
+
+    def started(pgid: int) -> None:
+        # The wrapper, not the agent, writes the launch record: the agent dies with its SSH
+        # channel (a scheduler killed mid-launch), the wrapper lives in a session of its own.
+        stat = _stat(os.getpid())
+        record = {
+            "pid": os.getpid(),
+            "pgid": pgid,
+            "start_time": stat[2] if stat else None,
+            "job_dir": job_dir,
+            "log": log_path,
+        }
+        # not fsynced: it sits on the submit path (~10 ms per fsync here) and only matters for
+        # a repeated launch, which a node crash makes moot anyway
+        _write_atomic(os.path.join(job_dir, "launch.json"), json.dumps(record), durable=False)
+        try:
+            os.write(report_fd, json.dumps(record).encode())
+        except OSError:
+            pass  # the agent died with its channel: the record above tells the next look
+        finally:
+            os.close(report_fd)
 
     def forward(signum: int, _frame: Any) -> None:
         if child:
@@ -84,37 +106,26 @@ def _wrap(job_dir: str, argv: list[str], report_fd: int, answer: dict[str, Any])
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    stat = _stat(os.getpid())
-    answer = {**answer, "pid": os.getpid(), "start_time": stat[2] if stat else None}
     try:
         # posix_spawn, not subprocess: it is on the submit -> start path and needs no import.
         # The job gets a process group of its own: cancelling it must not hit the wrapper.
-        child = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0)
+        private = os.umask(umask)  # the job creates files as its user would
+        try:
+            child = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0)
+        finally:
+            os.umask(private)
     except OSError as exc:
         print(f"gpusched: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
-        _launched(job_dir, {**answer, "pgid": os.getpid()}, report_fd)
         _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
         _write_atomic(os.path.join(job_dir, "exit_code"), "127")
+        started(os.getpid())
         return 127
-    _launched(job_dir, {**answer, "pgid": child}, report_fd)
+    started(child)
     _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475) while forwarding signals
     code = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
     _write_atomic(os.path.join(job_dir, "ended_at"), _now_iso())
     _write_atomic(os.path.join(job_dir, "exit_code"), str(code))
     return 0
-
-
-def _launched(job_dir: str, answer: dict[str, Any], report_fd: int) -> None:
-    """Record the launch (the record a repeated launch returns), then tell the agent."""
-    text = json.dumps(answer)
-    # not fsynced: it sits on the submit path (~10 ms per fsync here) and only matters for a
-    # repeated launch, which a node crash makes moot anyway
-    _write_atomic(os.path.join(job_dir, "launch.json"), text, durable=False)
-    try:
-        os.write(report_fd, text.encode())
-        os.close(report_fd)
-    except OSError:
-        pass  # the agent is gone; the record tells the next one
 
 
 def launch(
@@ -125,12 +136,15 @@ def launch(
     env: Sequence[str] = (),
     gpus: str | None = None,
     log: str | None = None,
+    umask: int = 0o022,
 ) -> dict[str, Any]:
-    """Start ``argv`` detached under the wrapper; return its pid, pgid, start time and log."""
+    """Start ``argv`` detached under the wrapper; return its pid, pgid, start time and log.
+
+    ``umask`` is the job's (the agent's own files are private whatever it is).
+    """
     if not argv:
         raise AgentError("launch needs a command after --")
-    job_dir = os.path.abspath(os.path.expanduser(job_dir))
-    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    job_dir = private_dir(job_dir)
     log_path = os.path.abspath(os.path.expanduser(log or os.path.join(job_dir, "output.log")))
     run_dir = os.path.expanduser(cwd) if cwd else job_dir
     if not os.path.isdir(run_dir):
@@ -146,26 +160,22 @@ def launch(
     if gpus is not None:
         child_env["CUDA_VISIBLE_DEVICES"] = gpus
     child_env[CHECKPOINT_ENV] = os.path.join(job_dir, "checkpoint")
-    record = os.path.join(job_dir, "launch.json")
-    lock = os.path.join(job_dir, "launch.lock")
-    if os.path.exists(lock):
-        return _reused(job_dir)
-    answer = {"job_dir": job_dir, "log": log_path}
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the wrapper
         try:
             os.close(read_fd)
-            # Detach first: from here on nothing that stops the agent (a closed SSH channel
-            # signals its process group) stops this launch half way.
             os.setsid()
+            # The attempt's lock is taken only here, in a session of its own that outlives
+            # this agent and its SSH channel: a lock never exists without a process that goes
+            # on to start the job and write the launch record.
             try:
-                # Launch is idempotent per job dir: whoever takes the lock starts the job.
+                lock = os.path.join(job_dir, "launch.lock")
                 os.close(os.open(lock, os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
-                os.write(write_fd, b'{"taken": true}')
+                os.write(write_fd, b'{"exists": true}')
                 os._exit(0)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(log_fd, 1)
@@ -173,30 +183,24 @@ def launch(
             os.chdir(run_dir)
             os.environ.clear()
             os.environ.update(child_env)
-            os._exit(_wrap(job_dir, argv, write_fd, answer))
+            os._exit(_wrap(job_dir, argv, write_fd, log_path, umask))
         except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
             os._exit(126)
     os.close(write_fd)
+    os.close(log_fd)
     report = b""
     while chunk := os.read(read_fd, 4096):
         report += chunk
     os.close(read_fd)
     if not report:
-        if os.path.exists(record):
-            return _reused(job_dir)
         raise AgentError("the job wrapper died before starting the job")
-    started = json.loads(report)
-    if started.get("taken"):
-        os.waitpid(pid, 0)  # it found the lock taken and exited: reap it
-        return _reused(job_dir)
-    return {**started, "reused": False}
-
-
-def _reused(job_dir: str) -> dict[str, Any]:
-    """The first launch of a job dir (repeating a launch returns it, never starts twice)."""
+    answer = json.loads(report)
+    if not answer.get("exists"):
+        return {**answer, "reused": False}
+    # Launch is idempotent per job dir: a scheduler that crashed after starting the job but
+    # before storing its pid gets the same job back instead of a second copy.
+    os.waitpid(pid, 0)
     record = os.path.join(job_dir, "launch.json")
-    # The wrapper writes the record right after taking the lock (it is detached, so it gets
-    # there even if the agent that forked it is gone): wait a little for it.
     deadline = time.monotonic() + 10.0
     while not os.path.exists(record) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -206,7 +210,7 @@ def _reused(job_dir: str) -> dict[str, Any]:
     return {**json.loads(previous), "reused": True}
 
 
-def claim(job_dir: str) -> dict[str, Any]:
+def claim(job_dir: str, *, wait_s: float = 10.0) -> dict[str, Any]:
     """The launch of a job dir if it started; else make sure none ever starts there.
 
     For a scheduler that finds a job cancelled (or its lease lost) while its launch may be
@@ -214,19 +218,17 @@ def claim(job_dir: str) -> dict[str, Any]:
     taken and starts nothing. ``started`` is True (with the record), False (claimed, never
     started) or None (a launch died half way; its process, if any, has no record).
     """
-    job_dir = os.path.abspath(os.path.expanduser(job_dir))
-    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    job_dir = private_dir(job_dir)
+    record = os.path.join(job_dir, "launch.json")
     try:
         os.close(os.open(os.path.join(job_dir, "launch.lock"), os.O_CREAT | os.O_EXCL, 0o600))
         return {"started": False}
     except FileExistsError:
-        pass
-    try:
-        previous = _reused(job_dir)
-    except AgentError:
-        return {"started": None}
-    previous.pop("reused")
-    return {"started": True, **previous}
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    previous = _read(record)
+    return {"started": None} if previous is None else {"started": True, **json.loads(previous)}
 
 
 # --------------------------------------------------------------------------- status / kill
@@ -259,7 +261,8 @@ def status(job_dir: str, pid: int, start_time: int | None) -> dict[str, Any]:
             "ended_at": _read(os.path.join(job_dir, "ended_at")),
         }
     if is_running(pid, start_time):
-        return {"running": True, "exit_code": None, "ended_at": None}
+        checkpoint = _read(os.path.join(job_dir, "checkpoint"))
+        return {"running": True, "exit_code": None, "ended_at": None, "checkpoint": checkpoint}
     # the wrapper may have written the files between our two looks
     code = _read(os.path.join(job_dir, "exit_code"))
     return {
@@ -363,8 +366,30 @@ def log(
 # --------------------------------------------------------------------------- CLI
 
 
+def _read_spec(path: str) -> tuple[list[str], list[str]]:
+    """Argv and ``KEY=VALUE`` strings from a launch spec (big ones come this way, not argv)."""
+    if path == "-":
+        data = json.load(sys.stdin)
+    else:
+        with open(path) as f:
+            data = json.load(f)
+    argv, env = data.get("argv"), data.get("env") or {}
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise AgentError("the launch spec's argv must be a list of strings")
+    if not isinstance(env, dict):
+        raise AgentError("the launch spec's env must be an object")
+    return argv, [f"{k}={v}" for k, v in env.items()]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jupyter_gpusched.node.agent")
+    p.add_argument(
+        "--setenv",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in this agent's environment first (the node's env when sudo reset it)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("probe", help="report this node's GPUs as JSON")
     lp = sub.add_parser("launch", help="start a job detached")
@@ -373,6 +398,9 @@ def _parser() -> argparse.ArgumentParser:
     lp.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     lp.add_argument("--gpus", help="comma-separated GPU UUIDs or indices for CUDA_VISIBLE_DEVICES")
     lp.add_argument("--log")
+    lp.add_argument(
+        "--spec", metavar="FILE", help='JSON {"argv": [...], "env": {...}} to launch; - = stdin'
+    )
     lp.add_argument("argv", nargs=argparse.REMAINDER)
     cp = sub.add_parser("claim", help="a job dir's launch record, or claim it so none starts")
     cp.add_argument("--job-dir", required=True)
@@ -392,26 +420,78 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--job-dir")
     gp.add_argument("--pid", type=int)
     gp.add_argument("--start-time", type=int)
+    st = sub.add_parser("stage", help="unpack a tar on stdin into a job dir (0700)")
+    st.add_argument("--job-dir", required=True)
+    np = sub.add_parser("connection", help="a lease kernel's connection info once it is ready")
+    np.add_argument("--path", required=True)
+    np.add_argument("--timeout", type=float, default=30.0)
+    rp = sub.add_parser("remove", help="remove a file (a lease kernel's connection file)")
+    rp.add_argument("--path", required=True)
     return p
+
+
+def _as_started(setenv: list[str]) -> int:
+    """Environment, umask and directory for this run; the umask the agent was started with.
+
+    Under sudo (``SUDO_USER`` set) the agent starts where the scheduler's account was; it moves
+    to its own user's home, as an SSH login would, and drops sudo's variables.
+    """
+    for item in setenv:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AgentError(f"--setenv {item!r} is not KEY=VALUE")
+        os.environ[key] = value
+    if "SUDO_USER" in os.environ:
+        for key in ("SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND"):
+            os.environ.pop(key, None)
+        os.chdir(os.path.expanduser("~"))
+    return os.umask(0o077)
+
+
+def _remove(path: str) -> dict[str, Any]:
+    try:
+        os.unlink(os.path.expanduser(path))
+    except FileNotFoundError:
+        return {"removed": False}
+    return {"removed": True}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; print its JSON answer (or raw bytes for ``log``)."""
     args = _parser().parse_args(argv)
     try:
+        umask = _as_started(args.setenv)
         if args.cmd == "probe":
             result: dict[str, Any] = probe()
         elif args.cmd == "claim":
             result = claim(args.job_dir)
         elif args.cmd == "launch":
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            env = list(args.env)
+            if args.spec:
+                command, more = _read_spec(args.spec)
+                env += more
             result = launch(
-                args.job_dir, command, cwd=args.cwd, env=args.env, gpus=args.gpus, log=args.log
+                args.job_dir,
+                command,
+                cwd=args.cwd,
+                env=env,
+                gpus=args.gpus,
+                log=args.log,
+                umask=umask,
             )
         elif args.cmd == "status":
             result = status(args.job_dir, args.pid, args.start_time)
         elif args.cmd == "kill":
             result = kill(args.pgid, args.grace, args.job_dir)
+        elif args.cmd == "stage":
+            result = stage(args.job_dir, sys.stdin.buffer)
+        elif args.cmd == "connection":
+            from .kernel import wait_connection
+
+            result = wait_connection(args.path, args.timeout)
+        elif args.cmd == "remove":
+            result = _remove(args.path)
         else:
             log(
                 args.file,

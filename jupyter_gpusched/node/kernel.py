@@ -26,15 +26,21 @@ KERNEL_CWD_ENV = "GPUSCHED_KERNEL_CWD"
 #: the server reaches the node's address rather than forwarding over SSH (Slurm nodes).
 KERNEL_IP_ENV = "GPUSCHED_KERNEL_IP"
 MODULE = "jupyter_gpusched.node.kernel"
+#: The ipykernel class a lease runs (named, not imported: the supervisor stays light).
+KERNEL_CLASS = "jupyter_gpusched.node.lease_ipykernel.LeaseKernel"
 
 
-def serve_kernel(connection_file: str) -> None:
-    """Replace this process with an ipykernel (keeps pid and group).
+def serve_kernel(connection_file: str) -> int:
+    """Run an ipykernel under the supervisor; its exit status.
 
     It binds 127.0.0.1, or ``$GPUSCHED_KERNEL_IP`` when set (a node the server reaches
     directly). The connection file is resolved against the start directory (the job's), then
-    the kernel moves to ``$GPUSCHED_KERNEL_CWD`` when that directory exists here.
+    the kernel moves to ``$GPUSCHED_KERNEL_CWD`` when that directory exists here. The
+    supervisor (:mod:`.supervisor`) starts the kernel again, on the same ports, when it asks to
+    restart.
     """
+    from .supervisor import supervise
+
     path = os.path.abspath(os.path.expanduser(connection_file))
     os.environ.pop("JPY_PARENT_PID", None)
     cwd = os.environ.pop(KERNEL_CWD_ENV, "")
@@ -52,9 +58,10 @@ def serve_kernel(connection_file: str) -> None:
         f"--ip={ip}",
         "--transport=tcp",
         "--HistoryManager.enabled=False",
+        f"--IPKernelApp.kernel_class={KERNEL_CLASS}",
     ]
     sys.stdout.flush()
-    os.execv(sys.executable, argv)
+    return supervise(argv)
 
 
 def _write_curve_connection(path: str, ip: str = "127.0.0.1") -> None:
@@ -118,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
     if args.cmd == "kernel":
-        serve_kernel(args.connection_file)
-        return 0  # not reached: exec
+        from .supervisor import exit_like
+
+        return exit_like(serve_kernel(args.connection_file))
     try:
         print(json.dumps(wait_connection(args.path, args.timeout)))
     except (TimeoutError, OSError) as exc:

@@ -30,10 +30,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from jupyter_gpusched.core.progress import PROGRESS_MARK
 from jupyter_gpusched.core.units import format_duration_s
 
-#: Prefix of a progress line in a notebook job's log; the rest of the line is one JSON object.
-PROGRESS_MARK = "##gpusched-progress "
 #: Longest cell source line reported in a progress line.
 SOURCE_CHARS = 200
 #: Exit statuses, as documented above.
@@ -51,17 +50,6 @@ def first_line(source: str) -> str:
 def progress_line(**detail: Any) -> str:
     """One machine-readable progress line (without the newline)."""
     return PROGRESS_MARK + json.dumps(detail, ensure_ascii=False, separators=(", ", ": "))
-
-
-def parse_progress(line: str) -> dict[str, Any] | None:
-    """The detail of a progress line, None for any other line (or a garbled one)."""
-    if not line.startswith(PROGRESS_MARK):
-        return None
-    try:
-        detail = json.loads(line[len(PROGRESS_MARK) :])
-    except ValueError:
-        return None
-    return detail if isinstance(detail, dict) else None
 
 
 class _Stop(Exception):

@@ -69,12 +69,28 @@ def _job_id_of(pid: int) -> int | None:
     return None
 
 
+def _user_of(pid: int) -> str | None:
+    """The account a process runs as (``/proc/PID`` is its owner's, readable by anyone).
+
+    When jobs run as their owners the probe, run as the scheduler's account, cannot read
+    their environment; the scheduler then tells them by owner and GPU instead.
+    """
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        return None
+
+
 def _process(pid: int, used_mem_mb: float, name: str = "") -> dict[str, Any]:
+    job_id = _job_id_of(pid)
     return {
         "pid": pid,
         "used_mem_mb": used_mem_mb,
         "name": name or _proc_name(pid),
-        "job_id": _job_id_of(pid),
+        "job_id": job_id,
+        "user": _user_of(pid) if job_id is None else None,
     }
 
 

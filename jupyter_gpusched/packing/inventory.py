@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core.errors import GpuSchedError
@@ -17,6 +18,38 @@ from jupyter_gpusched.core.models import Job, JobSpec
 from . import packer
 
 log = logging.getLogger(__name__)
+
+
+def attribute_processes(
+    inventory: Sequence[NodeInventory], jobs: Sequence[Job]
+) -> list[NodeInventory]:
+    """The inventory with unmarked GPU processes given to the job their owner holds there.
+
+    A node's probe marks a process with its job from the process's environment; when jobs run
+    as their owners it cannot read that (it runs as the scheduler's account) and reports the
+    process's user instead. A process of alice's on a GPU that a job of alice's holds is that
+    job's, not a foreign one that would take the GPU (or its memory) a second time.
+    """
+    holders: dict[tuple[str, int, str], int] = {}
+    for job in jobs:
+        if job.placement is not None:
+            for g in job.placement.gpu_indices:
+                holders.setdefault((job.placement.node, g, job.user), job.id)
+    if not holders:
+        return list(inventory)
+    out = []
+    for node in inventory:
+        gpus = []
+        for gpu in node.gpus:
+            procs = tuple(
+                replace(p, job_id=holders[(node.name, gpu.index, p.user)])
+                if p.job_id is None and p.user and (node.name, gpu.index, p.user) in holders
+                else p
+                for p in gpu.processes
+            )
+            gpus.append(replace(gpu, processes=procs) if procs != gpu.processes else gpu)
+        out.append(replace(node, gpus=tuple(gpus)))
+    return out
 
 
 def build_state(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from jupyter_gpusched.core.errors import InvalidSpecError
+from jupyter_gpusched.core.units import format_size_gb
 
 from .fragmentation import frag_score, unique_rows
 from .mix import MILLI, ShapeMix
@@ -218,14 +219,33 @@ def all_down(state: ClusterState, cand: np.ndarray) -> str:
 
 
 def no_room(state: ClusterState, r: PackRequest, what: str, n_up: int, j: int) -> str:
-    """The reason when nodes could host a request but none has room now; ``j`` has the most."""
-    g = state.gm[j]
-    return (
-        f"no room now for {what}, {r.cpus:g} CPUs, {r.mem_gb:g} GB: {n_up} node(s)"
-        f" could host it when free; most room now on {state.node_names[j]}: "
-        f"{int((g == MILLI).sum())} whole GPU(s), {g.sum() / MILLI:g} GPU in all, "
-        f"{state.cpus_free[j]:g} CPUs, {state.mem_free_gb[j]:g} GB"
-    )
+    """The reason when nodes could host a request but none has room now; ``j`` has the most.
+
+    Plain words naming the binding resource on ``j``: the GPUs (how many are free there), or
+    its CPUs or memory when the GPUs are there.
+    """
+    name = state.node_names[j]
+    hold = f"{n_up} node{'' if n_up == 1 else 's'} could hold it once jobs end"
+    if r.gpus:
+        need = int(state._share_milli(r)[j])
+        fitting = int(((state.gm[j] >= need) & state.valid[j]).sum())
+        if fitting < r.gpus:
+            each = " free"
+            if r.gpu_mem_gb is not None:
+                each = f" with {format_size_gb(r.gpu_mem_gb)} free each"
+            elif need < MILLI:
+                each = f" with {r.gpu_share:g} of each free"
+            return f"needs {what}{each} on one node; the most now is {fitting} on {name} ({hold})"
+    for label, need_x, free_x, unit in (
+        ("CPUs", r.cpus, state.cpus_free[j], ""),
+        ("memory", r.mem_gb, state.mem_free_gb[j], "G"),
+    ):
+        if free_x + 1e-9 < need_x:
+            return (
+                f"needs {need_x:g}{unit} {label} beside its GPUs; {name}, which has the GPUs, "
+                f"has {max(free_x, 0.0):g}{unit} {label} free ({hold})"
+            )
+    return f"no room now for {what} on a node it may use; most room on {name} ({hold})"
 
 
 def _hosts_ever(state: ClusterState, r: PackRequest) -> tuple[np.ndarray, str, str | None]:

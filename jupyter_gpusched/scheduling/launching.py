@@ -12,7 +12,8 @@ scheduler killed, its lease taken over, the connection dropped, the job cancelle
 * a job cancelled while starting is stopped once its launch returns, or, when no launch is in
   flight, its attempt is claimed on the node so that no late launch can start it;
 * a launch the node refuses (a working directory that does not exist...) is tried again after
-  a growing pause, and after a few tries the job fails with the node's words as its reason.
+  a growing pause, and after a few tries the job fails with the node's words as its reason;
+  one its owner cannot run on the node (no account, no key, sudo says no) fails at once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import ConflictError, GpuSchedError, NodeRefusedError
+from jupyter_gpusched.core.errors import (
+    AccountError,
+    ConflictError,
+    GpuSchedError,
+    NodeRefusedError,
+)
 from jupyter_gpusched.core.models import Job, JobKind, JobState
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.store.store import Store
@@ -80,7 +86,7 @@ class Launcher:
                 job.model_copy(update={"spec": spec}), job.placement, argv=argv
             )
         except NodeRefusedError as exc:
-            self._refused(job, exc.message)
+            self._refused(job, exc.message, final=isinstance(exc, AccountError))
             return
         except GpuSchedError as exc:
             # Unknown whether it started: it stays starting on its node and is resumed.
@@ -140,13 +146,26 @@ class Launcher:
                 finished_at=self.clock.now(),
             )
 
-    def _refused(self, job: Job, message: str) -> None:
-        """The node could not start it: try again after a pause, or fail after a few tries."""
+    def _refused(self, job: Job, message: str, *, final: bool = False) -> None:
+        """The node could not start it: try again after a pause, or fail after a few tries.
+
+        ``final``: trying again cannot help (the owner has no account there); fail now.
+        """
         node = job.placement.node if job.placement else "its node"
         failures = int(job.handle.get("launch_failures", 0)) + 1
         handle = {k: v for k, v in job.handle.items() if k in _KEEP_ON_REQUEUE}
         handle["launch_failures"] = failures
         with contextlib.suppress(ConflictError):
+            if final:
+                self.tracker.move(
+                    job.id,
+                    JobState.FAILED,
+                    expect=JobState.STARTING,
+                    handle=handle,
+                    finished_at=self.clock.now(),
+                    reason=f"could not start on {node}: {message}",
+                )
+                return
             if failures >= self.max_failures:
                 self.tracker.move(
                     job.id,

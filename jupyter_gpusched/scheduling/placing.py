@@ -9,7 +9,6 @@ jobs to open a whole node for a big job by night.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,7 +31,7 @@ from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.store import Store
 
-from . import moves
+from . import health, moves, waiting
 from .launching import Launcher
 from .tracking import JobTracker
 
@@ -52,15 +51,31 @@ class Placing:
     claim_ttl_s: float
     _inventory: list[NodeInventory]
     _positions: dict[int, int]
+    _estimates: dict[int, datetime | None]
+    _history: dict[str, list[Job]]
     _no_move: tuple[Any, ...] | None
+    _reasons: dict[int, str | None]  # waiting reasons found by the pass under way
 
     def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
         raise NotImplementedError  # the scheduler's
 
     async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
+        """One placing pass; the waiting reasons it finds are written together at its end."""
+        self._reasons = {}
+        try:
+            await self._place_queue(now, active)
+        finally:
+            reasons, self._reasons = self._reasons, {}
+            if reasons:
+                # one transaction for the pass, not one per waiting job: a bulk submit of
+                # thousands would otherwise cost thousands of fsyncs on the event loop
+                self.store.set_reasons(reasons)
+
+    async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
         queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
+        self._history = {}  # each owner's finished jobs, read once per pass
         if not queued:
-            self._positions = {}
+            self._positions, self._estimates = {}, {}
             return
         state, _ = self._cluster_state()
         usage = policy.fair_share_usage(
@@ -74,15 +89,29 @@ class Placing:
         self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
+        if (nothing_up := health.no_node_up(self._inventory)) is not None:
+            for job in order.jobs:
+                self._set_reason(job, nothing_up)
+            self._estimates = {}
+            return
         ctx = self._admission_context(now, active, state)
         head: backfill.Reservation | None = None
+        # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
+        waits: list[Job] = []
+        floors: dict[int, datetime] = {}
         for job in order.jobs:
+            waits.append(job)
             retry_at = job.handle.get("retry_launch_at")
             if retry_at and now < datetime.fromisoformat(retry_at):
+                floors[job.id] = datetime.fromisoformat(retry_at)
                 continue  # its node refused it a moment ago; its reason says when it retries
             admission = policy.admit(job, ctx)
             if not admission.ok:
                 self._set_reason(job, admission.reason)
+                if admission.blocked_by == "window" and active.until is not None:
+                    floors[job.id] = active.until
+                elif admission.blocked_by is not None:
+                    waits.pop()  # held or over quota: no start to expect
                 continue
             request = pack_request(job.spec)
             claimed = {n for n, owner in claims.items() if owner != job.id}
@@ -112,7 +141,9 @@ class Placing:
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
                     head = head or backfill.Reservation(now, mine[0], 0.0)
                     continue
-                self._set_reason(job, f"waiting: no room ({reply.reason})")
+                self._set_reason(
+                    job, waiting.no_room(reply.reason, job.spec, state, self._inventory)
+                )
                 if head is None:
                     head = self._reserved_start(job, now, state)
                     batch = job.spec.priority_class is PriorityClass.BATCH
@@ -127,9 +158,19 @@ class Placing:
                 head = backfill.consume_spare(
                     head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
                 )
+            waits.pop()
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
             ctx = policy.add_to_context(ctx, job)
             await self._launch(job, reply, active)
+        for job_id in order.skipped:
+            job = by_id[job_id]
+            if job.spec.not_before is not None and not job.held:
+                waits.append(job)
+                floors[job_id] = job.spec.not_before
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        self._estimates = waiting.expected_starts(
+            waits, floors, running, state, now, self._estimate
+        )
 
     def _admission_context(
         self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
@@ -146,9 +187,12 @@ class Placing:
         )
 
     def _estimate(self, job: Job) -> float:
-        history, _ = self.store.list_jobs(
-            states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
-        )
+        history = self._history.get(job.user)
+        if history is None:
+            history, _ = self.store.list_jobs(
+                states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
+            )
+            self._history[job.user] = history
         return backfill.estimate_runtime_s(job, history)
 
     def _reserved_start(
@@ -224,6 +268,9 @@ class Placing:
         )
         now = self.clock.now()
         limit_s = _runtime_limit(job, active)
+        others: list[Job] = []
+        if placement.share_per_gpu < 1:  # whom it shares with goes into its reason
+            others, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         handle: dict[str, Any] = {
             k: v for k, v in job.handle.items() if k in ("previous", "launch_failures")
         }
@@ -243,18 +290,18 @@ class Placing:
                 started_at=now,
                 last_activity_at=now,
                 handle=handle,
-                reason=f"placed on {placement.node} GPU "
-                f"{','.join(map(str, placement.gpu_indices))}",
+                reason=waiting.placed(placement, others),
             )
         except ConflictError:
             return  # cancelled or changed since this pass read the queue: the next pass sees it
         await self.launcher.launch(job)
 
     def _set_reason(self, job: Job, reason: str | None) -> None:
-        """Record why a queued job waits; written only when the reason changes."""
+        """Record why a queued job waits (and why it was requeued); only when that changes."""
+        if reason and (why := job.handle.get("requeued")):
+            reason = f"{reason}; requeued: {why}"
         if job.reason != reason:
-            with contextlib.suppress(ConflictError):
-                self.store.update_job(job.id, reason=reason, event="waiting")
+            self._reasons[job.id] = reason
 
 
 def _kept_nodes(queued: Sequence[Job], now: datetime) -> dict[str, int]:

@@ -23,6 +23,7 @@ from jupyter_gpusched.core.errors import (
     ConflictError,
     ForbiddenError,
     InfeasibleError,
+    UnavailableError,
 )
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -35,11 +36,18 @@ from jupyter_gpusched.core.models import (
 )
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.packing import packer
-from jupyter_gpusched.packing.inventory import build_state, node_shape, pack_request
+from jupyter_gpusched.packing.inventory import (
+    attribute_processes,
+    build_state,
+    node_shape,
+    pack_request,
+)
 from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 
 from .events import EventHub
+from .health import NO_NODE, NodeWatch
+from .history import GpuHistory
 from .launching import Launcher
 from .placing import Placing
 from .tracking import JobTracker, launched
@@ -79,6 +87,7 @@ class Scheduler(Placing):
         leader_ttl_s: float = 6.0,
         admins: frozenset[str] = frozenset(),
         commands: dict[JobKind, CommandBuilder] | None = None,
+        gpu_history_samples: int = 2880,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -96,6 +105,7 @@ class Scheduler(Placing):
         self._hooks_backlog: set[int] | None = None
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
+        self._watch = NodeWatch(self._node_down)
         self.tracker = JobTracker(
             store,
             backend,
@@ -109,6 +119,10 @@ class Scheduler(Placing):
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._positions: dict[int, int] = {}
+        self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
+        self._reasons: dict[int, str | None] = {}
+        self._history: dict[str, list[Job]] = {}
+        self.gpu_history = GpuHistory(gpu_history_samples)
         # How long a node stays kept for the job batch jobs were moved off it for.
         self.claim_ttl_s = 900.0
         self._no_move: tuple[Any, ...] | None = None  # the last situation no move paid in
@@ -123,9 +137,12 @@ class Scheduler(Placing):
         self._stopping = False
         self.stop_grace_s = 10.0
         self._wake = asyncio.Event()
-        self.events = EventHub(
-            self.store, self.clock, cluster=self.cluster_view, job=lambda j: self.job_view(j)
-        )
+        # Wakes are coalesced: a pass starts at least this long after the previous one ended
+        # (longer when passes take longer), so a burst of submits costs one pass, not one each.
+        self.wake_coalesce_s = 0.02
+        self._pass_s = 0.0  # how long the last pass took
+        self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
+        self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
         self._tick_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -213,6 +230,7 @@ class Scheduler(Placing):
 
     async def _run(self) -> None:
         while not self._stopping:
+            began = self.clock.monotonic()
             try:
                 if self._epoch is not None:
                     assert self._lease is not None
@@ -228,13 +246,19 @@ class Scheduler(Placing):
             except NotLeaderError as exc:
                 log.warning("gpusched: %s; standing by", exc.message)
                 self._step_down()
+            except UnavailableError:
+                pass  # the store said why, once; the next tick tries again
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("gpusched: scheduler tick failed")
             # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that
             # races its timeout into a TimeoutError, and the loop would never stop.
+            self._pass_s = self.clock.monotonic() - began
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.tick_interval_s):
                     await self._wake.wait()
+                    # Let the changes of a burst gather into one pass: wait at least as long
+                    # as a pass takes (capped by the tick interval), then take them all.
+                    await asyncio.sleep(min(max(self.wake_coalesce_s, self._pass_s), 1.0))
             self._wake.clear()
 
     def wake(self) -> None:
@@ -250,6 +274,7 @@ class Scheduler(Placing):
             await self._refresh_inventory()
             await self._resume_launches()
             await self.tracker.poll_active()
+            await self._refresh_inventory()  # a node its jobs were just lost on shows down now
             await self.tracker.reap_stale()
             await self._enforce_limits(now, active)
             for hook in self.tick_hooks:
@@ -295,18 +320,21 @@ class Scheduler(Placing):
                     await hook(job)
                 except Exception:  # one bad hook must not stop the loop or the others
                     log.exception("gpusched: end hook failed for job %s", job.id)
-            self.store.update_job(
-                job.id, handle={**job.handle, "ended_hooks_done": True}, event=None
-            )
+            handle = self.store.get_job(job.id).handle  # as the hooks left it (outputs...)
+            self.store.update_job(job.id, handle={**handle, "ended_hooks_done": True}, event=None)
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
         mono = self.clock.monotonic()
         due = self._inventory_at is None or mono - self._inventory_at >= self.inventory_interval_s
-        if not (force or due):
+        if not (force or due or self._watch.changed(self._inventory)):
             return
         before = {n.name: n.up for n in self._inventory}
-        self._inventory = await self.backend.inventory(refresh=True)
+        holding, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        self._inventory = attribute_processes(await self.backend.inventory(refresh=True), holding)
         self._inventory_at = mono
+        self._watch.probed(self._inventory)
+        self._watch.say(self._inventory)
+        self.gpu_history.record(self._inventory, holding, self.clock.now())
         for node in self._inventory:
             if before.get(node.name) is False and node.up:
                 await self.tracker.reconcile_node(node.name)
@@ -358,7 +386,10 @@ class Scheduler(Placing):
         shapes = [node_shape(n) for n in self._inventory if n.gpus or n.cpus]
         key = tuple(shapes)
         if self._base is None or key != self._base_key:
-            self._base = packer.ClusterState.from_nodes(shapes)
+            # No node ever answered: an empty stand-in, down, so the API and the queue work.
+            self._base = packer.ClusterState.from_nodes(shapes or [NO_NODE])
+            if not shapes:
+                self._base.set_node_up(0, False)
             self._base_key = key
         return self._base
 
@@ -370,20 +401,51 @@ class Scheduler(Placing):
     # ------------------------------------------------------------------ API actions
     def submit(self, spec: JobSpec) -> Job:
         """Queue a job; refuse at once a request no node could ever hold."""
-        self.check_feasible(spec)
-        if spec.kind not in self.commands:
-            raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
+        self._admit(spec)
         job = self.store.add_job(spec)
         self.wake()
         return job
 
+    def submit_many(self, specs: Sequence[JobSpec], *, array: bool = True) -> list[Job]:
+        """Queue several jobs in one transaction, all or none (a bulk submit, or an array).
+
+        Each is admitted as :meth:`submit` admits one; the first refusal refuses them all,
+        naming the job by its 0-based index.
+        """
+        for i, spec in enumerate(specs):
+            try:
+                self._admit(spec)
+            except InfeasibleError as exc:
+                raise InfeasibleError(f"job {i} of {len(specs)}: {exc.message}") from None
+        jobs = self.store.add_jobs(specs, array=array)
+        self.wake()
+        return jobs
+
+    def _admit(self, spec: JobSpec) -> None:
+        self.check_feasible(spec)
+        if spec.kind not in self.commands:
+            raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
+
     def check_feasible(self, spec: JobSpec) -> None:
-        """Raise InfeasibleError, saying what would fit, if no node could ever hold ``spec``."""
-        if not self._inventory:
-            return  # nothing probed yet: nothing to judge against
-        reply = packer.pack(self._empty_state(), pack_request(spec), policy="first_fit")
-        if reply.node is None and not reply.feasible_ever:
-            raise InfeasibleError(f"this job can never fit: {reply.reason}")
+        """Raise InfeasibleError, saying what would fit, if no node could ever hold ``spec``.
+
+        Judged against the empty cluster's shapes (kept until the nodes change), never the
+        queue or the store; the answer is kept per request shape, so a submit like an earlier
+        one costs a dictionary lookup.
+        """
+        if not any(n.gpus or n.cpus for n in self._inventory):
+            return  # no node ever answered: nothing to judge against
+        empty = self._empty_state()
+        request = pack_request(spec)
+        key = (self._base_key, request)
+        if key not in self._feasible:
+            if len(self._feasible) >= 4096:
+                self._feasible.clear()
+            reply = packer.pack(empty, request, policy="first_fit")
+            never = reply.node is None and not reply.feasible_ever
+            self._feasible[key] = reply.reason if never else None
+        if (reason := self._feasible[key]) is not None:
+            raise InfeasibleError(f"this job can never fit: {reason}")
 
     def get_job(self, job_id: int) -> Job:
         """One job (NotFoundError if absent)."""
@@ -393,9 +455,14 @@ class Scheduler(Placing):
         """A page of jobs and the total matching the filters."""
         return self.store.list_jobs(**filters)
 
-    def job_view(self, job: Job) -> api.JobView:
-        """The API's JSON for a job, with its queue position."""
-        return api.JobView.of(job, self._positions.get(job.id))
+    def job_view(self, job: Job, viewer: api.Viewer | None = None) -> api.JobView:
+        """The API's JSON for a job as ``viewer`` may see it, position and expected start.
+
+        ``viewer`` None: everything (the server's own use, never an answer to a request).
+        """
+        if job.state is not JobState.QUEUED:
+            return api.JobView.of(job, viewer=viewer)
+        return api.JobView.of(job, self._positions.get(job.id), viewer, self._estimates.get(job.id))
 
     def _check_owner(self, job: Job, user: str, admin: bool) -> None:
         if user != job.user and not admin and user not in self.admins:
@@ -525,10 +592,16 @@ class Scheduler(Placing):
         return self._task is not None
 
     def subscribe(
-        self, *, after_id: int = 0, cluster_every_s: float | None = 1.0
+        self,
+        *,
+        viewer: api.Viewer | None,
+        after_id: int = 0,
+        cluster_every_s: float | None = 1.0,
     ) -> AsyncIterator[api.EventMessage]:
         """Stored events after ``after_id`` (-1: only new ones), then live ones; see EventHub."""
-        return self.events.subscribe(after_id=after_id, cluster_every_s=cluster_every_s)
+        return self.events.subscribe(
+            viewer=viewer, after_id=after_id, cluster_every_s=cluster_every_s
+        )
 
 
 def _inventory_key(nodes: Sequence[NodeInventory]) -> tuple[Any, ...]:

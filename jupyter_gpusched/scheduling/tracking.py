@@ -68,10 +68,10 @@ class JobTracker:
             return JobStatus(running=False, lost=True, detail=exc.message)
 
     def apply_status(self, job: Job, status: JobStatus) -> None:
-        """Record one poll: started, ended, or lost (only when its node is down)."""
+        """Record one poll: started, ended, or lost (when its node is down, or says it is gone)."""
         node = job.placement.node if job.placement else None
         if status.lost:
-            if node and self.node_down(node):
+            if node and (status.gone or self.node_down(node)):
                 self.lose(job, status.detail or f"node {node} is unreachable")
             return
         if status.running:
@@ -146,7 +146,7 @@ class JobTracker:
             reason=reason,
             attempt=job.attempt + 1,
             placement=None,
-            handle={"previous": previous},
+            handle={"previous": previous, "requeued": reason},  # the wait's reason says it
             started_at=None,
             exit_code=None,
         )

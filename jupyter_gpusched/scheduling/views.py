@@ -48,12 +48,18 @@ def cluster_view(snap: ClusterSnapshot) -> api.Cluster:
         for node in snap.inventory
     ]
     all_gpus = [g for n in nodes for g in n.gpus]
+    st = snap.state
+    up = st.node_up[:, None] & st.valid
+    whole = ((st.gm == packer.MILLI) & up).sum(axis=1)
+    partly = up & (st.gm > 0) & (st.gm < packer.MILLI)
     return api.Cluster(
         nodes=nodes,
         metrics=api.Metrics(
-            **packer.metrics(snap.state).to_dict(),
+            **packer.metrics(st).to_dict(),
             gpus_total=len(all_gpus),
             gpus_free=sum(1 for g in all_gpus if g.state == "free"),
+            gpus_stranded=round(float(st.gm[partly].sum()) / packer.MILLI, 3),
+            largest_placeable_node=st.node_names[int(whole.argmax())] if whole.max() else None,
         ),
         window=windows.window_view(snap.window),
         queue=api.QueueCounts(queued=snap.queued, running=len(snap.jobs)),
@@ -71,6 +77,7 @@ def _gpu_view(node: NodeInventory, gpu: GpuInfo, jobs: list[Job]) -> api.Gpu:
         mem_total_gb=round(gpu.mem_total_mb / 1024, 2),
         mem_used_gb=round(max(gpu.mem_used_mb, reserved_mb) / 1024, 2),
         util_pct=gpu.util_pct,
+        power_w=gpu.power_w,
         state=_gpu_state(node, any(p.foreign for p in gpu.processes), jobs),
         share_used=round(share, 3),
         nvlink_peers=list(gpu.nvlink_peers),

@@ -16,16 +16,18 @@ It runs in one of three modes:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Float, List, Set, Type, Unicode, default, validate
+from traitlets import Dict, Enum, Float, Int, List, Set, Type, Unicode, default, validate
 from traitlets import TraitError as _TraitError
 from traitlets.config import Configurable
 
 from jupyter_gpusched.core.clock import SystemClock
+from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.packing.packer import POLICIES
 
 from .config import GpuSchedPolicy
@@ -51,6 +53,8 @@ _NODE_KEYS = frozenset(
         "known_hosts",
         "env",
         "max_channels",
+        "agent",
+        "sudo",
     }
 )
 
@@ -66,7 +70,26 @@ class GpuSchedApp(ExtensionApp):
         Dict(),
         help="""GPU nodes reached over SSH, one dict each: name, host, port (default 22),
         username, key_file or key_files, python (interpreter on the node), workdir and staging
-        (directories on the node). Empty (the default) runs the embedded simulated cluster.""",
+        (directories on the node), agent (absolute path of the node's gpusched-agent; needed
+        with run_as 'sudo'), sudo (the node's sudo). Empty (the default) runs the embedded
+        simulated cluster.""",
+    ).tag(config=True)
+    run_as = Enum(
+        ["service", "ssh", "sudo"],
+        default_value="service",
+        help="""Whose Unix account runs each job, lease kernel and notebook on its node.
+        'service' (the default): the account this scheduler logs in as (one person's own
+        cluster). 'ssh': the job's owner, logged in with the per-user key at user_key_file.
+        'sudo': the owner, through 'sudo -n -u OWNER' on the scheduler's own login, limited by
+        a sudoers line to the node's agent (each node's 'agent' names it). A job whose owner
+        has no account (or key, or sudo permission) on its node fails; it never runs as the
+        scheduler's account. Applies to `nodes`: the embedded simulated cluster runs
+        everything as this server's user. See the README's 'Jobs run as their owners'.""",
+    ).tag(config=True)
+    user_key_file = Unicode(
+        "/etc/gpusched/keys/{user}",
+        help="""With run_as 'ssh': the private key the scheduler logs in to the nodes with as
+        each job's owner; '{user}' is replaced by the owner's name.""",
     ).tag(config=True)
     known_hosts = Unicode(
         None,
@@ -124,7 +147,35 @@ class GpuSchedApp(ExtensionApp):
         2.0, min=0.01, help="Seconds between checks of whether running jobs have ended."
     ).tag(config=True)
     inventory_interval_s = Float(
-        30.0, min=0.1, help="Seconds between probes of the nodes' GPUs (memory, processes)."
+        30.0,
+        min=0.1,
+        help="Seconds between probes of the nodes' GPUs (memory, processes, utilization): "
+        "also the spacing of the GPU history's samples.",
+    ).tag(config=True)
+    gpu_history_samples = Int(
+        2880,
+        min=2,
+        help="Samples of each GPU's utilization, memory and power kept in memory for the "
+        "charts (2880: a day at a 30 s inventory_interval_s); lost on restart.",
+    ).tag(config=True)
+    max_request_bytes = Int(
+        96 << 20,
+        min=1024,
+        help="""Largest request body the API reads, in bytes; larger ones are refused with 413.
+        The default leaves room for a job's uploaded files (64 MB, base64-encoded).""",
+    ).tag(config=True)
+    max_follows_per_user = Int(
+        4,
+        min=1,
+        help="""Log follows (GET jobs/{id}/log?follow=1) one user may hold open at once; more
+        are refused with 429. Each holds an SSH channel on the job's node.""",
+    ).tag(config=True)
+    store_retry_max_s = Float(
+        30.0,
+        min=1.0,
+        help="""Longest pause, in seconds, between tries to open the store when it was away at
+        start (PostgreSQL down, the file locked or unreadable); the pause starts at 1 s and
+        doubles.""",
     ).tag(config=True)
     sim_nodes = List(
         Dict(),
@@ -215,6 +266,9 @@ class GpuSchedApp(ExtensionApp):
         """Nothing runs yet: the scheduler needs the running loop (see start)."""
         self._adopt_package_log()
         self._ready = None  # asyncio.Event, created on the server's loop
+        self._starting: asyncio.Future[None] | None = None  # retrying a start (store away)
+        self._waiting: Any = None  # the scheduler that waits for its store
+        self.start_error: UnavailableError | None = None  # why the scheduler waits
         self._sim: Any = None
         self._sync: Any = None
         self.link = self._service_link()
@@ -224,6 +278,8 @@ class GpuSchedApp(ExtensionApp):
         self.settings["gpusched_data_dir"] = self._data_dir()
         self.settings["gpusched_admins"] = frozenset(self.admin_users)
         self.settings["gpusched_anonymous_user"] = self.anonymous_user
+        self.settings["gpusched_max_request_bytes"] = self.max_request_bytes
+        self.settings["gpusched_max_follows"] = self.max_follows_per_user
         self.settings["gpusched_app"] = self
 
     def initialize_handlers(self) -> None:
@@ -287,18 +343,54 @@ class GpuSchedApp(ExtensionApp):
             return
         try:
             scheduler = await self._build_scheduler()
+            if self.mode == "service":
+                self._serve_tokens(serverapp, scheduler.store)
             await scheduler.start()
+        except UnavailableError as exc:
+            # The store is away (PostgreSQL down, the file locked, read-only or corrupt): the
+            # API answers 503 saying so, and the scheduler starts once the store is back.
+            self._store_away(exc)
+            self._waiting = scheduler
+            self._starting = asyncio.ensure_future(self._start_when_back(serverapp, scheduler))
+            return
         except BaseException:
             await self._stop_sim()
             ready.set()  # waiting handlers answer 503 now instead of timing out
             raise
+        self._started(serverapp, scheduler)
+
+    def _started(self, serverapp: Any, scheduler: Any) -> None:
+        self._waiting = None
         serverapp.web_app.settings["gpusched"] = scheduler
-        if self.mode == "service":
-            self._serve_tokens(serverapp, scheduler.store)
-        else:
+        if self.mode != "service":
             self._export_env(serverapp)
-        ready.set()
+        self.start_error = None
+        self._ready_event().set()
         self.log.info("gpusched | scheduler started (%s)", self.store_url)
+
+    def _store_away(self, exc: UnavailableError) -> None:
+        if self.start_error is None or self.start_error.message != exc.message:
+            self.log.error(
+                "gpusched | the scheduler waits for its store (%s): %s; it tries again by "
+                "itself, the API answers 503 until then",
+                self.store_url,
+                exc.message,
+            )
+        self.start_error = exc
+
+    async def _start_when_back(self, serverapp: Any, scheduler: Any) -> None:
+        """Try to start the scheduler again, less and less often, until its store answers."""
+        pause_s = 1.0
+        while True:
+            await asyncio.sleep(pause_s)
+            try:
+                await scheduler.start()
+            except UnavailableError as exc:
+                self._store_away(exc)
+                pause_s = min(self.store_retry_max_s, pause_s * 2)
+                continue
+            self._started(serverapp, scheduler)
+            return
 
     async def wait_ready(self, timeout_s: float) -> Any | None:
         """The scheduler once started, or None if it did not start within ``timeout_s``."""
@@ -328,6 +420,14 @@ class GpuSchedApp(ExtensionApp):
         if self._sync is not None:
             await self._sync.stop()
             self._sync = None
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
+            self._starting = None
+        if self._waiting is not None:  # never started: its store stayed away
+            await self._waiting.stop()
+            self._waiting = None
         scheduler = self.serverapp.web_app.settings.pop("gpusched", None)
         if scheduler is not None:
             for plugin in self._plugins():
@@ -366,11 +466,21 @@ class GpuSchedApp(ExtensionApp):
         # A backend that finds its nodes itself (Slurm) takes `nodes` as SSH access only.
         finds_nodes = bool(getattr(self.backend_class, "finds_its_nodes", False))
         if self.nodes or finds_nodes:
-            node_configs = [NodeConfig(**_node_kwargs(n, self.known_hosts)) for n in self.nodes]
+            try:
+                node_configs = [NodeConfig(**_node_kwargs(n, self)) for n in self.nodes]
+            except ValueError as exc:
+                raise _TraitError(f"GpuSchedApp.nodes: {exc}") from None
         else:
             from pathlib import Path
 
             from jupyter_gpusched.cluster.sim.cluster import SimCluster
+
+            if self.run_as != "service":
+                self.log.warning(
+                    "gpusched | run_as=%r applies to `nodes`; the simulated cluster runs every "
+                    "job as this server's user",
+                    self.run_as,
+                )
             from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES, SimNodeSpec
 
             specs = DEFAULT_SIM_NODES
@@ -396,6 +506,7 @@ class GpuSchedApp(ExtensionApp):
             inventory_interval_s=self.inventory_interval_s,
             leader_ttl_s=self.leader_ttl_s,
             admins=frozenset(self.admin_users),
+            gpu_history_samples=self.gpu_history_samples,
         )
         for plugin in self._plugins():
             plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
@@ -417,12 +528,17 @@ class GpuSchedApp(ExtensionApp):
         os.environ.update({k: v or "" for k, v in values.items()})
 
 
-def _node_kwargs(node: dict[str, Any], known_hosts: str | None) -> dict[str, Any]:
+def _node_kwargs(node: dict[str, Any], app: GpuSchedApp) -> dict[str, Any]:
     """A ``nodes`` entry as NodeConfig arguments (``key_file(s)`` -> ``client_keys``)."""
-    kwargs = {k: v for k, v in node.items() if k not in ("key_file", "key_files")}
+    kwargs = {k: v for k, v in node.items() if k not in ("key_file", "key_files", "agent")}
     keys = [node["key_file"]] if "key_file" in node else list(node.get("key_files", ()))
     if keys:
         kwargs["client_keys"] = tuple(os.path.expanduser(k) for k in keys)
-    if known_hosts is not None:
-        kwargs.setdefault("known_hosts", known_hosts)
+    if "agent" in node:
+        agent = node["agent"]
+        kwargs["agent_cmd"] = (agent,) if isinstance(agent, str) else tuple(agent)
+    if app.known_hosts is not None:
+        kwargs.setdefault("known_hosts", app.known_hosts)
+    kwargs["run_as"] = app.run_as
+    kwargs["user_key_file"] = app.user_key_file
     return kwargs

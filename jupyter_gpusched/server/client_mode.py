@@ -24,10 +24,11 @@ from urllib.parse import urlsplit, urlunsplit
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import httpclient, web, websocket
-from tornado.iostream import StreamClosedError
+from tornado.iostream import IOStream, StreamClosedError
 
 from jupyter_gpusched.core.errors import BadRequestError
 
+from . import relay
 from .handlers.base import API, GpuSchedMixin
 from .handlers.events import ListenOnlyWebSocket
 from .uploads import inline_files, inline_notebook
@@ -100,12 +101,43 @@ class _Forwarding(GpuSchedMixin):
 class ForwardHandler(_Forwarding, APIHandler):
     """Every REST route: the same request to the service, its answer back as it came."""
 
+    _upstream: IOStream | None = None  # a follow's own connection to the service
+    _gone = False  # our caller went away
+
     @web.authenticated
     @authorized
     async def get(self, path: str) -> None:
-        """Forward a read (a log follow streams until the service ends it)."""
-        follow = path.endswith("/log") and self.query_bool("follow")
-        await self._forward("GET", path, None, stream=follow)
+        """Forward a read (a log follow streams until the service ends it, or the caller goes)."""
+        if path.endswith("/log") and self.query_bool("follow"):
+            await self._follow(path)
+        else:
+            await self._forward("GET", path, None)
+
+    async def _follow(self, path: str) -> None:
+        url = self.link.api_url(path, self.request.query)
+        try:
+            self._upstream = await relay.connect(url)
+            if self._gone:
+                return
+            await relay.relay_get(self._upstream, url, self.link.headers(), self, _PASS_HEADERS)
+        except (OSError, StreamClosedError) as exc:
+            if self._gone or self._headers_written:
+                return  # our caller went (the service's follow ends with it), or the service did
+            raise web.HTTPError(
+                502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
+            ) from None
+        finally:
+            if self._upstream is not None:
+                self._upstream.close()
+        if not self._gone:
+            self.finish()
+
+    def on_connection_close(self) -> None:
+        """Our caller went away: close the follow's connection, ending it at the service."""
+        self._gone = True
+        if self._upstream is not None:
+            self._upstream.close()
+        super().on_connection_close()
 
     @web.authenticated
     @authorized
@@ -143,36 +175,16 @@ class ForwardHandler(_Forwarding, APIHandler):
             inline_notebook(data, root)
         return json.dumps(data).encode()
 
-    async def _forward(
-        self, method: str, path: str, body: bytes | None, *, stream: bool = False
-    ) -> None:
-        query = self.request.query
+    async def _forward(self, method: str, path: str, body: bytes | None) -> None:
         headers = {**self.link.headers()}
         if body is not None:
             headers["Content-Type"] = "application/json"
-
-        def on_chunk(chunk: bytes) -> None:
-            self.write(chunk)
-            self.flush()
-
-        def on_header(line: str) -> None:
-            if not stream:
-                return
-            if line.startswith("HTTP/"):  # the status line comes first
-                self.set_status(int(line.split()[1]))
-                return
-            name, _, value = line.partition(":")
-            if name.strip() in _PASS_HEADERS and value.strip():
-                self.set_header(name.strip(), value.strip())
-
         request = httpclient.HTTPRequest(
-            self.link.api_url(path, query),
+            self.link.api_url(path, self.request.query),
             method=method,
             headers=headers,
             body=body if method in ("POST", "PATCH", "PUT") else None,
-            request_timeout=None if stream else _TIMEOUT_S,
-            streaming_callback=on_chunk if stream else None,
-            header_callback=on_header if stream else None,
+            request_timeout=_TIMEOUT_S,
             follow_redirects=False,
             allow_nonstandard_methods=True,
         )
@@ -183,16 +195,11 @@ class ForwardHandler(_Forwarding, APIHandler):
             raise web.HTTPError(
                 502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
             ) from None
-        except StreamClosedError:
-            return  # our client went away mid-follow
         if response.code == 599:
             raise web.HTTPError(
                 502, f"the lab's gpusched service at {self.link.url} is unreachable: "
                 f"{response.error}"
             )  # fmt: skip
-        if stream:
-            self.finish()
-            return
         self.set_status(response.code)
         for name in _PASS_HEADERS:
             if name in response.headers:

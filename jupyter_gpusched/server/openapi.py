@@ -33,9 +33,10 @@ Every path is relative to the Jupyter server's base URL. Authenticate like any J
 call: `Authorization: token <TOKEN>` (see `jupyter server list`) or the browser's cookie.
 
 Errors always answer a JSON body `Error`: 400 unreadable body, 401 no credentials, 403 not
-yours / not allowed, 404 no such job, 409 the job's state forbids it, 422 a field is invalid
-or the job can never fit; 502 only when a node cannot be reached; 503 while the scheduler
-starts.
+yours / not allowed, 404 no such job, 409 the job's state forbids it, 413 the body is larger
+than the server reads, 422 a field is invalid (too large included: the message says the
+limit) or the job can never fit, 429 too many log follows at once; 502 only when a node cannot
+be reached; 503 (with `Retry-After`) while the scheduler starts or its store is away.
 
 Events: a websocket at `gpusched/api/events?after=<event id>` sends one JSON message per
 event (schema `Event`, with the event's job); with `after` it first replays stored events
@@ -54,8 +55,19 @@ class _Schemas(GenerateJsonSchema):
         return False
 
 
-def _ref(model: type[BaseModel]) -> dict[str, str]:
+def _ref(model: type[BaseModel] | tuple[type[BaseModel], ...]) -> dict[str, Any]:
+    if isinstance(model, tuple):
+        return {"oneOf": [_ref(m) for m in model]}
     return {"$ref": f"#/components/schemas/{_name(model)}"}
+
+
+def _each(
+    model: type[BaseModel] | tuple[type[BaseModel], ...] | str | None,
+) -> tuple[type[BaseModel], ...]:
+    """The models of a body or response: none for text, several for a choice."""
+    if model is None or isinstance(model, str):
+        return ()
+    return model if isinstance(model, tuple) else (model,)
 
 
 def _name(model: type[BaseModel]) -> str:
@@ -66,10 +78,10 @@ def _models() -> Iterator[tuple[type[BaseModel], JsonSchemaMode]]:
     """Every model the API uses: requests as validated, responses as serialized."""
     for route in ROUTES:
         for op in route.ops:
-            if op.body is not None:
-                yield op.body, "validation"
-            if not isinstance(op.response, str):
-                yield op.response, "serialization"
+            for body in _each(op.body):
+                yield body, "validation"
+            for response in _each(op.response):
+                yield response, "serialization"
     yield api.Error, "serialization"
     for model in EXTRA_MODELS:
         yield model, "serialization"
@@ -168,6 +180,19 @@ def _path_params(path: str) -> list[dict[str, Any]]:
     ]
 
 
+def _error(name: str, text: str, content: dict[str, Any]) -> dict[str, Any]:
+    """A shared error response; 503 says when to try again."""
+    out: dict[str, Any] = {"description": text, "content": content}
+    if name == ERRORS[503][0]:
+        out["headers"] = {
+            "Retry-After": {
+                "description": "Seconds to wait before trying again.",
+                "schema": {"type": "string"},
+            }
+        }
+    return out
+
+
 def document() -> dict[str, Any]:
     """The whole OpenAPI document."""
     paths: dict[str, Any] = {}
@@ -200,9 +225,7 @@ def document() -> dict[str, Any]:
                     "description": "`token <TOKEN>`, the Jupyter server's token.",
                 }
             },
-            "responses": {
-                name: {"description": text, "content": error} for name, text in ERRORS.values()
-            },
+            "responses": {name: _error(name, text, error) for name, text in ERRORS.values()},
             "schemas": schemas(),
         },
     }

@@ -25,8 +25,8 @@ from .uploads import inside
 
 log = logging.getLogger(__name__)
 
-#: Labels the service sets on a notebook job once its outputs are back (relative paths).
-OUTPUT_LABELS = {"notebook": "output_notebook", "log": "output_log"}
+#: The parts of a notebook job's ``outputs`` the service keeps (relative paths).
+OUTPUT_PARTS = ("notebook", "log")
 _ENDED = "succeeded,failed,cancelled"
 
 
@@ -76,9 +76,9 @@ class OutputSync:
         )
         written = []
         for job in json.loads(page.body).get("jobs", []):
-            labels = (job.get("spec") or {}).get("labels") or {}
-            for part, label in OUTPUT_LABELS.items():
-                rel = labels.get(label)
+            outputs = job.get("outputs") or {}
+            for part in OUTPUT_PARTS:
+                rel = outputs.get(part)
                 key = f"{job['id']}:{part}"
                 if not rel or key in done:
                     continue
@@ -115,12 +115,11 @@ class OutputSync:
 
 def output_path(job: Any, part: str, root: str) -> str:
     """The file of a job's output ``part`` (notebook or log) under ``root``, checked inside it."""
-    label = OUTPUT_LABELS.get(part)
-    if label is None:
+    if part not in OUTPUT_PARTS:
         from jupyter_gpusched.core.errors import InvalidSpecError
 
-        raise InvalidSpecError("part", f"{part!r} is not one of {sorted(OUTPUT_LABELS)}")
-    rel = job.spec.labels.get(label)
+        raise InvalidSpecError("part", f"{part!r} is not one of {sorted(OUTPUT_PARTS)}")
+    rel = (job.handle.get("outputs") or {}).get(part)
     if not rel:
         from jupyter_gpusched.core.errors import NotFoundError
 

@@ -24,9 +24,18 @@ ERRORS: dict[int, tuple[str, str]] = {
     403: ("Forbidden", "Not the job's owner nor an admin, or not authorized for this resource."),
     404: ("NotFound", "No such job, lease or definition (or not a lease)."),
     409: ("Conflict", "The job's state forbids the change (e.g. it already finished)."),
+    413: (
+        "TooLarge",
+        "The request body is larger than the server reads (the message says the limit).",
+    ),
     422: ("Invalid", "A field or query argument is invalid, or the job can never fit."),
+    429: ("TooMany", "The caller holds as many log follows as one user may; close one."),
     502: ("Unreachable", "A node could not be reached."),
-    503: ("Unavailable", "The scheduler has not started (yet)."),
+    503: (
+        "Unavailable",
+        "The scheduler has not started (yet), or its store cannot be reached; "
+        "try again after `Retry-After` seconds.",
+    ),
 }
 
 #: Schemas not reached from a route but part of the API (the events websocket's messages).
@@ -49,11 +58,12 @@ class Op:
     method: str
     operation_id: str
     summary: str
-    response: type[BaseModel] | str  # a model (JSON), or a media type answering text
+    # a model (JSON), models one of which answers, or a media type answering text
+    response: type[BaseModel] | tuple[type[BaseModel], ...] | str
     errors: tuple[int, ...]
     ok: int = 200
     ok_description: str = "OK."
-    body: type[BaseModel] | None = None
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None  # a tuple: one of them
     query: tuple[Param, ...] = ()
     description: str | None = None
     location: str | None = None  # 201: what the Location header names
@@ -82,7 +92,7 @@ _PAGE = (
     Param("limit", int_schema(0, api.MAX_LIMIT, 100)),
     Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
 )
-_READ, _WRITE = (401, 403, 503), (400, 401, 403, 422, 503)
+_READ, _WRITE = (401, 403, 503), (400, 401, 403, 413, 422, 503)
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -103,26 +113,43 @@ ROUTES: tuple[Route, ...] = (
                     ),
                     _USER,
                     Param("kind", {"$ref": "#/components/schemas/JobKind"}),
+                    Param(
+                        "array",
+                        int_schema(0, api.MAX_ID),
+                        "Only the jobs of this bulk submit (its `array_id`).",
+                    ),
                     *_PAGE,
                 ),
             ),
             Op(
                 "post",
                 "submitJob",
-                "Submit a job as the caller (the server sets `user`).",
-                api.JobView,
+                "Submit a job, an array of copies (`array`), or a list of jobs, as the caller.",
+                (api.JobView, api.JobArray),
                 _WRITE,
                 ok=201,
-                ok_description="Queued.",
-                body=api.JobPost,
-                location="the new job, `{base_url}gpusched/api/jobs/{id}`",
+                ok_description="Queued: the job, or every job of a bulk submit (`JobArray`).",
+                body=(api.JobPost, api.JobPostList),
+                location="the new job, `{base_url}gpusched/api/jobs/{id}`, or the jobs of a "
+                "bulk submit, `{base_url}gpusched/api/jobs?array={array_id}`",
+                description="The server sets `user`. A list of jobs, or one job with `array: "
+                f"N`, is a bulk submit of at most {api.MAX_ARRAY} jobs: all are queued in one "
+                "transaction or none is, and each carries the labels `array_id` (the first "
+                "job's id) and `array_index` (0-based), also in its environment as "
+                "`$GPUSCHED_ARRAY_ID` and `$GPUSCHED_ARRAY_INDEX`.",
             ),
         ),
     ),
     Route(
         "/jobs/{job_id}",
         (
-            Op("get", "getJob", "One job.", api.JobView, (*_READ, 404)),
+            Op(
+                "get",
+                "getJob",
+                "One job; another user's without env values, parameters, handle or outputs.",
+                api.JobView,
+                (*_READ, 404),
+            ),
             Op(
                 "delete",
                 "cancelJob",
@@ -169,16 +196,30 @@ ROUTES: tuple[Route, ...] = (
                 "readJobLog",
                 "The job's combined stdout and stderr.",
                 "text/plain",
-                (*_READ, 404, 422, 502),
+                (*_READ, 404, 422, 429, 502),
                 ok_description="Log bytes; `X-Log-Offset` is the offset of the next unread byte.",
                 description="Without `follow`, answers the bytes from `offset` (at most `limit`) "
                 "and the offset to ask for next in `X-Log-Offset`. With `follow=1` streams "
-                "(chunked) until the job ends.",
+                "(chunked) until the job ends, or until the client goes; a user holds at most "
+                "`GpuSchedApp.max_follows_per_user` follows at once.",
                 query=(
                     Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
                     Param("limit", int_schema(1, api.MAX_LOG_CHUNK, 65536)),
                     Param("follow", {"type": "string", "enum": ["0", "1", "true", "false"]}),
                 ),
+            ),
+        ),
+    ),
+    Route(
+        "/jobs/{job_id}/events",
+        (
+            Op(
+                "get",
+                "getJobEvents",
+                "The job's timeline: state changes with their reasons, waiting reasons, stops.",
+                api.JobEvents,
+                (*_READ, 404),
+                ok_description="Its events, oldest first (of a notebook's progress, the last).",
             ),
         ),
     ),
@@ -238,6 +279,32 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     Route(
+        "/cluster/history",
+        (
+            Op(
+                "get",
+                "getGpuHistory",
+                "GPUs' utilization, memory and power over time (kept in memory, bounded).",
+                api.GpuHistory,
+                (*_READ, 404, 422),
+                ok_description="One series per GPU, samples as columns.",
+                description="Samples are taken at every probe of the nodes "
+                "(`inventory_interval_s`); each GPU keeps the last `kept_samples`. With `job`, "
+                "only the GPUs that job held and the samples taken while it held them. Longer "
+                "ranges are merged into at most `points` samples (mean utilization and power, "
+                "peak memory).",
+                query=(
+                    Param("node", {"type": "string"}, "Only this node's GPUs."),
+                    Param("gpu", {"type": "string"}, "Comma-separated GPU indices, e.g. `0,1`."),
+                    Param("job", int_schema(1, api.MAX_ID), "Only while this job held them."),
+                    Param("since", {"type": "string"}, "ISO 8601 time with a timezone."),
+                    Param("until", {"type": "string"}, "ISO 8601 time with a timezone."),
+                    Param("points", int_schema(2, 2000, 500), "Most samples per series."),
+                ),
+            ),
+        ),
+    ),
+    Route(
         "/policy",
         (
             Op(
@@ -288,7 +355,7 @@ ROUTES: tuple[Route, ...] = (
                 "stores a recurring definition instead of a job. The notebook path is relative "
                 "to the server's root directory (or absolute inside it). The executed notebook "
                 "and its log come back beside the input as `<stem>-<UTC start>-job<id>.ipynb` / "
-                "`.log` (labels `output_notebook`, `output_log`).",
+                "`.log` (the job's `outputs`, which only the server sets).",
             ),
         ),
     ),

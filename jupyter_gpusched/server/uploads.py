@@ -37,6 +37,36 @@ def inside(root: str, path: str) -> str:
     return full
 
 
+def local_files(paths: Any, root: str) -> list[str]:
+    """A job's ``files`` as absolute paths inside ``root``; anything leading out is refused.
+
+    For a server that stages files from its own disk (embedded mode): the files go onto the
+    node as the job's owner, so they must be the owner's -- under the root they work in --
+    never the server's keys or ``/etc/shadow``. Links inside a directory are followed when
+    staged, so each must stay inside the root too.
+    """
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise InvalidSpecError("files", "must be a list of paths")
+    out = []
+    for path in paths:
+        full = inside(root, path)
+        if not os.path.exists(full):
+            raise InvalidSpecError("files", f"{path!r} not found under your Jupyter root")
+        seen: set[str] = set()
+        folders = [full] if os.path.isdir(full) else []
+        while folders:
+            folder = folders.pop()
+            if folder in seen:
+                continue
+            seen.add(folder)
+            for name in os.listdir(folder):
+                target = inside(root, os.path.join(folder, name))  # refuses links leading out
+                if os.path.isdir(target):
+                    folders.append(target)
+        out.append(full)
+    return out
+
+
 def inline_files(spec: dict[str, Any], root: str) -> None:
     """Replace ``spec["files"]`` (paths inside ``root``) by ``spec["uploads"]`` (contents)."""
     paths = spec.pop("files", None)
@@ -49,7 +79,7 @@ def inline_files(spec: dict[str, Any], root: str) -> None:
     for path in paths:
         full = inside(root, path)
         if not os.path.exists(full):
-            raise NotFoundError(f"file {path!r} not found under your Jupyter root")
+            raise InvalidSpecError("files", f"{path!r} not found under your Jupyter root")
         base = os.path.dirname(full)
         walk = [full] if os.path.isfile(full) else _files_under(full)
         for name in walk:

@@ -18,19 +18,34 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
+from .availability import on_event_loop
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 #: How long a SQLite writer waits for another one's lock.
 _BUSY_TIMEOUT_MS = 30_000
+#: ... when it waits on the event loop, where waiting stalls every request of the server.
+LOOP_BUSY_TIMEOUT_MS = 1_000
+#: PostgreSQL connections: give up connecting after a few seconds, and notice a peer that
+#: vanished (no answer to keepalives or unacknowledged data) within about ten.
+_PG_CONNECT_ARGS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def make_engine(url: str, *, echo: bool) -> Engine:
     """An engine for ``url``; SQLite files get WAL, full fsync and a busy timeout."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
+        connect_args = _PG_CONNECT_ARGS if parsed.get_backend_name() == "postgresql" else {}
+        return create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
     memory = parsed.database in (None, "", ":memory:")
     engine = create_engine(
         url,
@@ -54,6 +69,11 @@ def make_engine(url: str, *, echo: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        # A lock is waited on briefly on the event loop, and long in worker threads.
+        busy_ms = LOOP_BUSY_TIMEOUT_MS if on_event_loop() else _BUSY_TIMEOUT_MS
+        if conn.info.get("busy_ms") != busy_ms:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {busy_ms}")
+            conn.info["busy_ms"] = busy_ms
         mode = conn.get_execution_options().get("gpusched_begin", "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")
 

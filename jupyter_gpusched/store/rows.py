@@ -6,7 +6,7 @@ progress) write through these, so a job row and its event are always written the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from jupyter_gpusched.core.models import (
     JobSpec,
     JobState,
     Placement,
+    array_task,
 )
 
 from .orm import EventRow, JobRow
@@ -37,19 +38,7 @@ def add_job_row(
 
     For callers that write more in the same transaction, e.g. a definition's firing.
     """
-    row = JobRow(
-        state=JobState.QUEUED.value,
-        username=spec.user,
-        kind=spec.kind.value,
-        priority_class=spec.priority_class.value,
-        submitted_at=now,
-        node=None,
-        held=False,
-        attempt=0,
-        spec=_spec_json(spec),
-        placement=None,
-        handle={},
-    )
+    row = _queued_row(spec, now)
     s.add(row)
     s.flush()
     event = EventRow(
@@ -62,6 +51,86 @@ def add_job_row(
     )
     add_event_row(s, event)
     return row
+
+
+def add_job_rows(
+    s: Session, specs: Sequence[JobSpec], now: datetime, *, array: bool
+) -> list[tuple[JobRow, JobSpec]]:
+    """Insert queued jobs and their ``submitted`` events in an open session, in few statements.
+
+    With ``array`` each becomes a task of one array (:func:`~jupyter_gpusched.core.models.
+    array_task`) whose id is the first job's: that row goes first to learn it, the rest in one
+    batch. Returns each row with the spec it holds (so callers need not read it back).
+    """
+    if not specs:
+        return []
+    out: list[tuple[JobRow, JobSpec]] = []
+    first = specs[0]
+    if array:
+        head = _queued_row(first, now)
+        s.add(head)
+        s.flush()
+        first = array_task(first, head.id, 0)
+        head.spec = _spec_json(first)
+        out.append((head, first))
+        rest = [array_task(spec, head.id, i) for i, spec in enumerate(specs[1:], 1)]
+    else:
+        rest = list(specs)
+    rows = [(_queued_row(spec, now), spec) for spec in rest]
+    s.add_all([row for row, _ in rows])
+    s.flush()  # one batched INSERT ... RETURNING where the database has it
+    out.extend(rows)
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
+    s.add_all(
+        [
+            EventRow(
+                at=now,
+                job_id=row.id,
+                kind="submitted",
+                from_state=None,
+                to_state=JobState.QUEUED.value,
+                detail={"user": spec.user},
+            )
+            for row, spec in out
+        ]
+    )
+    return out
+
+
+def _queued_row(spec: JobSpec, now: datetime) -> JobRow:
+    return JobRow(
+        state=JobState.QUEUED.value,
+        username=spec.user,
+        kind=spec.kind.value,
+        priority_class=spec.priority_class.value,
+        submitted_at=now,
+        node=None,
+        held=False,
+        attempt=0,
+        spec=_spec_json(spec),
+        placement=None,
+        handle={},
+    )
+
+
+def queued_job(row: JobRow, spec: JobSpec) -> Job:
+    """The model of a row just inserted, from the spec it was made of (nothing re-validated)."""
+    return Job.model_construct(
+        id=row.id,
+        spec=spec,
+        state=JobState.QUEUED,
+        held=False,
+        submitted_at=row.submitted_at,
+        started_at=None,
+        finished_at=None,
+        last_activity_at=None,
+        placement=None,
+        exit_code=None,
+        reason=None,
+        attempt=0,
+        handle={},
+    )
 
 
 def add_event_row(s: Session, row: EventRow) -> None:

@@ -25,7 +25,7 @@ Durability and consistency
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +48,7 @@ from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
+    ARRAY_ID_LABEL,
     TERMINAL_STATES,
     Event,
     Job,
@@ -58,6 +59,7 @@ from jupyter_gpusched.core.models import (
     check_transition,
 )
 
+from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url
 from .leader import check_fence
 from .orm import EventRow, JobRow, NodeRow, UsageRow
@@ -71,6 +73,8 @@ from .rows import (
     _json_fields,
     add_event_row,
     add_job_row,
+    add_job_rows,
+    queued_job,
 )
 
 #: Alembic's bookkeeping table; named for us so a shared PostgreSQL database stays readable.
@@ -137,6 +141,7 @@ class Store:
         self._clock = clock
         self._engine = make_engine(self.url, echo=echo)
         self.dialect = self._engine.dialect.name
+        self.availability = Availability(self.url)
         # A page and its total come from one snapshot on PostgreSQL too.
         reads = (
             self._engine
@@ -176,7 +181,7 @@ class Store:
         """
         from alembic import command
 
-        with self._writes.begin() as session:
+        with self.availability.guard(write=True), self._writes.begin() as session:
             conn = session.connection()
             if self.dialect == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
@@ -193,10 +198,25 @@ class Store:
         with self.write_session() as s:
             return _job(add_job_row(s, spec, self._clock.now()))
 
+    def add_jobs(self, specs: Sequence[JobSpec], *, array: bool = False) -> list[Job]:
+        """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
+        with self.write_session() as s:
+            rows = add_job_rows(s, specs, self._clock.now(), array=array)
+        return [queued_job(row, spec) for row, spec in rows]
+
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
         with self.read_session() as s:
             return _job(_get_row(s, job_id))
+
+    def get_jobs(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """The jobs with these ids that exist, by id (one query)."""
+        wanted = sorted(set(job_ids))
+        if not wanted:
+            return {}
+        with self.read_session() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.id.in_(wanted)))
+            return {row.id: _job(row) for row in rows}
 
     def list_jobs(
         self,
@@ -207,6 +227,7 @@ class Store:
         node: str | None = None,
         priority: PriorityClass | None = None,
         held: bool | None = None,
+        array_id: int | None = None,
         limit: int | None = 100,
         offset: int = 0,
         order: str = "id",
@@ -215,7 +236,7 @@ class Store:
 
         ``order`` is a column name (``id``, ``submitted_at``, ``state``, ``user``, ``priority``,
         ``started_at``, ``finished_at``), ``-`` in front for descending; ties go by id.
-        ``limit=None`` returns every match.
+        ``limit=None`` returns every match. ``array_id``: the tasks of one bulk submit.
         """
         desc = order.startswith("-")
         column = _ORDERS.get(order.lstrip("-"))
@@ -236,6 +257,9 @@ class Store:
             conditions.append(JobRow.priority_class == PriorityClass(priority).value)
         if held is not None:
             conditions.append(JobRow.held == held)
+        if array_id is not None:
+            label = JobRow.spec[("labels", ARRAY_ID_LABEL)].as_string()
+            conditions.append(label == str(array_id))
         query = select(JobRow).where(*conditions)
         query = query.order_by(
             column.desc() if desc else column.asc(), JobRow.id.desc() if desc else JobRow.id.asc()
@@ -341,6 +365,32 @@ class Store:
                     ),
                 )
             return _job(row)
+
+    def set_reasons(self, reasons: Mapping[int, str | None]) -> None:
+        """Record why queued jobs wait, in one transaction, each with a ``waiting`` event.
+
+        A job no longer queued (started, cancelled meanwhile) or gone keeps what it has.
+        """
+        now = self._clock.now()
+        with self.write_session() as s:
+            queued = JobRow.state == JobState.QUEUED.value
+            rows = s.scalars(select(JobRow).where(JobRow.id.in_(list(reasons)), queued))
+            for row in rows:
+                reason = reasons[row.id]
+                if row.reason == reason:
+                    continue
+                row.reason = reason
+                add_event_row(
+                    s,
+                    EventRow(
+                        at=now,
+                        job_id=row.id,
+                        kind="waiting",
+                        from_state=None,
+                        to_state=None,
+                        detail={"fields": {"reason": reason}},
+                    ),
+                )
 
     # -- events -------------------------------------------------------------------------------
 
@@ -489,7 +539,7 @@ class Store:
     @contextlib.contextmanager
     def read_session(self) -> Iterator[Session]:
         """A read-only transaction (a consistent snapshot on PostgreSQL)."""
-        with self._reads.begin() as s:
+        with self.availability.guard(write=False), self._reads.begin() as s:
             yield s
 
     @contextlib.contextmanager
@@ -500,7 +550,7 @@ class Store:
         job and event rows they add, under the same locking rules.
         """
         try:
-            with self._writes.begin() as s:
+            with self.availability.guard(write=True), self._writes.begin() as s:
                 check_fence(s, for_update=self._for_update)
                 yield s
         except StaleDataError:

@@ -9,7 +9,9 @@ import {
   ICluster,
   IDefinition,
   IEvent,
+  IGpuHistory,
   IJob,
+  IJobEvents,
   INotebookSubmission,
   INotebookSubmitted
 } from './types';
@@ -93,6 +95,41 @@ export class GpuschedClient {
   /** `GET jobs/{id}`. */
   job(id: number): Promise<IJob> {
     return this.json<IJob>(`jobs/${id}`);
+  }
+
+  /** `GET jobs/{id}/events`: the job's timeline (state changes with reasons), oldest first. */
+  async jobEvents(id: number): Promise<IJobEvents['events']> {
+    return (await this.json<IJobEvents>(`jobs/${id}/events`)).events;
+  }
+
+  /** `GET cluster/history`: GPUs' samples; `job` keeps its GPUs over its life. */
+  history(query: { node?: string; job?: number; points?: number } = {}): Promise<IGpuHistory> {
+    const q: Record<string, string | number> = {};
+    for (const [k, v] of Object.entries(query)) {
+      if (v !== undefined) {
+        q[k] = v;
+      }
+    }
+    return this.json<IGpuHistory>('cluster/history', {}, q);
+  }
+
+  /** A notebook job's executed notebook or log, as a file (`GET jobs/{id}/output`). */
+  async output(id: number, part: 'notebook' | 'log'): Promise<Blob> {
+    return (await this.fetch(`jobs/${id}/output`, {}, { part })).blob();
+  }
+
+  /** The whole log of a job, as text (for a download). */
+  async logText(id: number): Promise<string> {
+    let text = '';
+    let offset = 0;
+    for (;;) {
+      const chunk = await this.log(id, offset);
+      text += chunk.text;
+      if (chunk.next === offset || chunk.text.length === 0) {
+        return text;
+      }
+      offset = chunk.next;
+    }
   }
 
   /** `POST notebooks`: run a notebook as the logged-in user, now, later or on a cron. */

@@ -12,7 +12,8 @@
  * | `foreign`     | `#ef6c00` | orange: busy with processes the scheduler did not start     |
  * | `down`        | `#c62828` | red: its node is unreachable or failed its probe            |
  *
- * The memory fill drawn inside each cell uses {@link MEM_FILL_COLOUR} over the state colour.
+ * Memory used is a bar beside each cell's colour ({@link MEM_BAR_COLOUR}), never a shade over
+ * it: a full GPU keeps exactly the legend's colour.
  */
 
 /** The GPU states the API reports, in legend order. */
@@ -39,8 +40,8 @@ export const GPU_STATE_LABELS: Readonly<Record<GpuState, string>> = {
   down: 'down'
 };
 
-/** Translucent overlay marking the used share of a GPU's memory (bottom-up bar in a cell). */
-export const MEM_FILL_COLOUR = 'rgba(0, 0, 0, 0.35)';
+/** The bar beside a GPU cell marking the used share of its memory (bottom-up). */
+export const MEM_BAR_COLOUR = '#616161';
 
 /** Text colour that stays readable on each state colour. */
 export const GPU_STATE_TEXT: Readonly<Record<GpuState, string>> = {

@@ -134,11 +134,26 @@ export class GpuschedModel implements IDisposable {
         status => {
           this.stream = status;
           this._changed.emit();
+          if (status === 'open' && this.state.lastEventId < 0) {
+            // The first connection follows only new events: reload the jobs once it is open,
+            // so nothing that happened between the first load and the connection is missed.
+            void this.reloadJobs();
+          }
         }
       );
       this._events.open();
     }
     this._poll ??= setInterval(() => void this.refreshCluster(), CLUSTER_POLL_MS);
+  }
+
+  /** Reload the job list over REST (the events then keep it current). */
+  async reloadJobs(): Promise<void> {
+    try {
+      this.state = withJobs(this.state, await this.client.jobs(JOB_LIMIT));
+      this._changed.emit();
+    } catch (err) {
+      console.warn('gpusched: jobs reload failed', err);
+    }
   }
 
   /** Apply one websocket event (public for tests and for local echoes). */

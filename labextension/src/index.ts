@@ -1,6 +1,7 @@
 /**
  * jupyter-gpusched for JupyterLab: the GPU cluster sidebar, job logs, "Submit to GPU queue"
- * from the file browser and the notebook toolbar, and notifications about my jobs.
+ * from the file browser and the notebook toolbar, notifications about my jobs, and the
+ * queue position of GPU kernels waiting for their lease.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import {
@@ -18,16 +19,26 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { DisposableDelegate } from '@lumino/disposable';
 import { GpuschedClient } from './api';
 import { GpuschedModel } from './controller';
-import { formatClock } from './model';
+import { Dashboard } from './dashboard';
+import { clockLabel } from './format';
+import { JobPage } from './jobpage';
+import { KernelWaitNotifier } from './kernelnotify';
 import { GpuschedPanel } from './panel';
 import { LogView } from './logview';
-import { browserTimezone, buildNotebookRequest, tonightIso } from './request';
+import {
+  browserTimezone,
+  buildNotebookRequest,
+  parametersFromNotebook,
+  tonightIso
+} from './request';
 import { SubmitForm } from './submit';
 
 export * from './colors';
 
 const COMMANDS = {
   open: 'gpusched:open-panel',
+  dashboard: 'gpusched:open-dashboard',
+  job: 'gpusched:open-job',
   submit: 'gpusched:submit-notebook',
   log: 'gpusched:open-log'
 };
@@ -55,6 +66,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const client = new GpuschedClient(app.serviceManager.serverSettings);
     const model = new GpuschedModel(client);
     const logs = new Map<number, MainAreaWidget<LogView>>();
+    /** The notebooks open in the editor, for the submit dialog (unsaved edits, parameters). */
+    const openNotebooks = new Set<DocumentRegistry.IContext<DocumentRegistry.IModel>>();
 
     const openLog = (jobId: number) => {
       let widget = logs.get(jobId);
@@ -76,14 +89,43 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     };
 
-    const panel = new GpuschedPanel(model, openLog, openNotebook);
+    const pages = new Map<number, JobPage>();
+    /** A job's page in the main area (one per job; opening it again brings it forward). */
+    const openJob = (jobId: number) => {
+      let page = pages.get(jobId);
+      if (!page || page.isDisposed) {
+        page = new JobPage(model, jobId, openNotebook);
+        page.title.icon = gpuIcon;
+        pages.set(jobId, page);
+        app.shell.add(page, 'main');
+      }
+      app.shell.activateById(page.id);
+    };
+
+    let dashboard: Dashboard | null = null;
+    /** The panel as a wide main-area dashboard with the GPU history charts. */
+    const openDashboard = () => {
+      if (!dashboard || dashboard.isDisposed) {
+        dashboard = new Dashboard(model, { openLog, openNotebook, openJob, openDashboard });
+        dashboard.title.icon = gpuIcon;
+        app.shell.add(dashboard, 'main');
+      }
+      app.shell.activateById(dashboard.id);
+    };
+
+    const panel = new GpuschedPanel(model, { openLog, openNotebook, openJob, openDashboard });
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'gpusched-panel');
     void model.start();
+    // GPU kernels waiting for their lease: where they stand, and Cancel
+    new KernelWaitNotifier(model, client);
 
     model.notice.connect((_, notice) => {
-      const actions = [{ label: 'Show log', callback: () => openLog(notice.jobId) }];
+      const actions = [
+        { label: 'Show job', callback: () => openJob(notice.jobId) },
+        { label: 'Show log', callback: () => openLog(notice.jobId) }
+      ];
       const output = notice.output;
       if (output) {
         actions.unshift({ label: 'Open notebook', callback: () => openNotebook(output) });
@@ -97,6 +139,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Open the GPU cluster panel',
       icon: gpuIcon,
       execute: () => app.shell.activateById(panel.id)
+    });
+
+    app.commands.addCommand(COMMANDS.dashboard, {
+      label: 'Show GPU Cluster Dashboard',
+      caption: 'Open the GPU cluster as a wide dashboard with GPU history charts',
+      icon: gpuIcon,
+      execute: openDashboard
+    });
+
+    app.commands.addCommand(COMMANDS.job, {
+      label: args => (args.jobId ? `Show GPU Job #${args.jobId}` : 'Show GPU Job'),
+      execute: args => openJob(Number(args.jobId))
     });
 
     app.commands.addCommand(COMMANDS.log, {
@@ -125,11 +179,28 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
         const tonight = tonightIso(model.state.cluster?.window ?? null, Date.now());
         const timezone = browserTimezone();
-        const form = new SubmitForm(
-          path,
-          tonight ? formatClock(tonight, Date.now()) : null,
-          timezone
+        // An open notebook is read as the user sees it, and saved before it is submitted:
+        // the run must not silently use the file's older content.
+        const open = [...openNotebooks].find(c => c.path === path && !c.isDisposed);
+        let content: unknown = null;
+        try {
+          content = open
+            ? open.model.toJSON()
+            : (await app.serviceManager.contents.get(path, { content: true })).content;
+        } catch (err) {
+          console.warn('gpusched: could not read the parameters cell of', path, err);
+        }
+        const models = new Set(
+          (model.state.cluster?.nodes ?? []).flatMap(n => n.gpus.map(g => g.model))
         );
+        const form = new SubmitForm({
+          path,
+          tonight: tonight ? clockLabel(tonight, Date.now()) : null,
+          timezone,
+          parameters: parametersFromNotebook(content),
+          models: [...models].sort(),
+          unsaved: Boolean(open?.model.dirty)
+        });
         const answer = await showDialog({
           title: 'Submit notebook to the GPU queue',
           body: form,
@@ -145,6 +216,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
             throw new Error(choice.error);
           }
           const body = buildNotebookRequest({ path, ...choice }, timezone);
+          if (open && !open.isDisposed && open.model.dirty) {
+            await open.save();
+          }
           const { job, definition } = await client.submitNotebook(body);
           if (job) {
             model.claim(job);
@@ -178,10 +252,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       rank: 20
     });
 
-    app.docRegistry.addWidgetExtension('Notebook', new NotebookButton(app));
+    app.docRegistry.addWidgetExtension('Notebook', new NotebookButton(app, openNotebooks));
 
     if (palette) {
       palette.addItem({ command: COMMANDS.open, category: 'GPU Scheduler' });
+      palette.addItem({ command: COMMANDS.dashboard, category: 'GPU Scheduler' });
     }
   }
 };
@@ -191,12 +266,17 @@ class NotebookButton implements DocumentRegistry.IWidgetExtension<
   DocumentWidget,
   DocumentRegistry.IModel
 > {
-  constructor(private readonly app: JupyterFrontEnd) {}
+  constructor(
+    private readonly app: JupyterFrontEnd,
+    private readonly open: Set<DocumentRegistry.IContext<DocumentRegistry.IModel>>
+  ) {}
 
   createNew(
     widget: DocumentWidget,
     context: DocumentRegistry.IContext<DocumentRegistry.IModel>
   ): DisposableDelegate {
+    this.open.add(context);
+    context.disposed.connect(() => this.open.delete(context));
     const button = new ToolbarButton({
       className: 'jp-gpusched-submit-button',
       icon: gpuIcon,

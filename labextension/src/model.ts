@@ -4,6 +4,16 @@
  * No DOM, no network, no clock (the time is passed in), so every rule here is unit-tested.
  */
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
+import {
+  etaLabel,
+  gpusLabel as formatGpus,
+  memoryLabel,
+  percent,
+  positionLabel,
+  runtimeLabel,
+  scheduleLine,
+  windowLine as formatWindowLine
+} from './format';
 import { outputNotebook } from './reducer';
 import { ICluster, IDefinition, IGpu, IJob, IJobSpec, INode, JobState } from './types';
 
@@ -17,6 +27,8 @@ export interface IGpuCell {
   label: string;
   /** Hover text: node, GPU, model, state, memory, utilisation, holders. */
   title: string;
+  /** Ids of the jobs holding (part of) it: hovering highlights their GPUs, a click opens one. */
+  jobs: number[];
 }
 
 /** One node row of the map. */
@@ -26,11 +38,6 @@ export interface INodeRow {
   summary: string;
   error: string | null;
   cells: IGpuCell[];
-}
-
-/** Format a GB figure with one decimal unless it is whole. */
-export function formatGb(gb: number): string {
-  return Number.isInteger(gb) ? `${gb} GB` : `${gb.toFixed(1)} GB`;
 }
 
 /** The state a cell is drawn in: a GPU of a down node is down whatever it last reported. */
@@ -54,12 +61,18 @@ export function gpuCell(node: Pick<INode, 'name' | 'up'>, gpu: IGpu): IGpuCell {
   const state = gpuState(gpu, node.up);
   const lines = [
     `${node.name} GPU ${gpu.index} · ${gpu.model} · ${GPU_STATE_LABELS[state]}`,
-    `memory ${formatGb(gpu.mem_used_gb)} / ${formatGb(gpu.mem_total_gb)}` +
-      (gpu.util_pct !== null && gpu.util_pct !== undefined ? ` · util ${gpu.util_pct}%` : '')
+    `memory ${memoryLabel(gpu.mem_used_gb, gpu.mem_total_gb)}` +
+      (gpu.util_pct !== null && gpu.util_pct !== undefined
+        ? ` · util ${percent(gpu.util_pct / 100)}`
+        : '')
   ];
   for (const job of gpu.jobs ?? []) {
-    const share = job.share < 1 ? ` (${Math.round(job.share * 100)}% share)` : '';
+    const share = job.share < 1 ? ` (${percent(job.share)} share)` : '';
     lines.push(`job #${job.id} · ${job.user} · ${job.kind}${share}`);
+  }
+  const jobs = (gpu.jobs ?? []).map(j => j.id);
+  if (jobs.length) {
+    lines.push(`click: open job #${jobs[0]}'s page`);
   }
   return {
     key: `${node.name}/${gpu.index}`,
@@ -67,7 +80,8 @@ export function gpuCell(node: Pick<INode, 'name' | 'up'>, gpu: IGpu): IGpuCell {
     colour: GPU_STATE_COLOURS[state],
     memFillPct: memFillPct(gpu),
     label: String(gpu.index),
-    title: lines.join('\n')
+    title: lines.join('\n'),
+    jobs
   };
 }
 
@@ -85,22 +99,6 @@ export function nodeRows(cluster: ICluster): INodeRow[] {
       cells
     };
   });
-}
-
-/** `45s`, `12m 03s`, `3h 05m`, `2d 04h`: short and sortable by eye. */
-export function formatDuration(seconds: number): string {
-  const s = Math.max(0, Math.floor(seconds));
-  const pad = (n: number) => String(n).padStart(2, '0');
-  if (s < 60) {
-    return `${s}s`;
-  }
-  if (s < 3600) {
-    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
-  }
-  if (s < 86400) {
-    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
-  }
-  return `${Math.floor(s / 86400)}d ${pad(Math.floor((s % 86400) / 3600))}h`;
 }
 
 /** Seconds a job has run (until it finished, or until `nowMs`); null if it never started. */
@@ -145,13 +143,17 @@ export interface IQueueRow {
   user: string;
   kind: string;
   state: JobState;
-  /** `#3` while queued, else empty. */
+  /** `3rd in line` while queued, else empty. */
   position: string;
+  /** While queued: `starts in 12m (14:05)`, `starts any moment`, `starts unknown`. */
+  eta: string;
   /** `a100-0: 0,1` once placed, else `—`. */
   node: string;
-  /** `1 GPU`, `2 GPUs × 16 GB` or `0.5 GPU`. */
+  /** `1 GPU`, `2 GPUs × 16G` or `0.5 GPU`. */
   gpus: string;
   runtime: string;
+  /** The notebook a lease's `%%gpu` cells come from (its session), else null. */
+  notebook: string | null;
   reason: string;
   cancellable: boolean;
   hasLog: boolean;
@@ -161,15 +163,25 @@ export interface IQueueRow {
 
 const CANCELLABLE: readonly JobState[] = ['queued', 'starting', 'running', 'preempted', 'lost'];
 
-/** `1 GPU`, `2 GPUs × 16 GB` or `0.5 GPU`. */
-function gpusLabel(spec: IJobSpec): string {
-  let gpus = `${spec.gpus} GPU${spec.gpus === 1 ? '' : 's'}`;
-  if (spec.gpu_share !== null && spec.gpu_share !== undefined && spec.gpu_share < 1) {
-    gpus = `${spec.gpu_share} GPU`;
-  } else if (spec.gpu_mem_gb && spec.gpus > 0) {
-    gpus += ` × ${formatGb(spec.gpu_mem_gb)}`;
+/** `1 GPU`, `2 GPUs × 16G` or `0.5 GPU`. */
+export function gpusLabel(spec: IJobSpec): string {
+  return formatGpus(spec.gpus, spec.gpu_share, spec.gpu_mem_gb);
+}
+
+/**
+ * The notebook a lease serves: `%%gpu` names leases `<session>:<name>`, the session being the
+ * notebook's path (JupyterLab's session name); null for other jobs.
+ */
+export function leaseNotebook(job: Pick<IJob, 'spec'>): string | null {
+  const name = job.spec.lease_name;
+  if (job.spec.kind !== 'lease' || !name) {
+    return null;
   }
-  return gpus;
+  const cut = name.lastIndexOf(':');
+  const session = cut > 0 ? name.slice(0, cut) : name;
+  const lease = cut > 0 ? name.slice(cut + 1) : '';
+  const label = basename(session);
+  return lease && lease !== 'default' ? `${label} (${lease})` : label;
 }
 
 /** The view model of one queue row, as seen by user `me` (null: unknown) at `nowMs`. */
@@ -178,16 +190,19 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
   const spec = job.spec;
   const gpus = gpusLabel(spec);
   const run = runtimeS(job, nowMs);
+  const queued = job.state === 'queued';
   return {
     id: job.id,
     name: jobName(job),
     user: job.user,
     kind: spec.kind,
     state: job.state,
-    position: job.state === 'queued' && job.position ? `#${job.position}` : '',
+    position: queued && job.position ? positionLabel(job.position) : '',
+    eta: queued && !job.held ? `starts ${etaLabel(job.estimated_start, nowMs)}` : '',
     node: p ? `${p.node}: ${p.gpu_indices.join(',')}` : '—',
     gpus,
-    runtime: run === null ? '' : formatDuration(run),
+    runtime: run === null ? '' : runtimeLabel(run),
+    notebook: leaseNotebook(job),
     reason: job.held ? `held${job.reason ? ` · ${job.reason}` : ''}` : (job.reason ?? ''),
     cancellable: CANCELLABLE.includes(job.state) && job.user === me,
     hasLog: job.started_at !== null || job.state === 'running',
@@ -229,6 +244,39 @@ export function queueJobs(jobs: Iterable<IJob>, scope: 'mine' | 'all', me: strin
   return sortJobs(rows);
 }
 
+const FINISHED: readonly JobState[] = ['succeeded', 'failed', 'cancelled'];
+/** Cleared job ids kept at most (the newest). */
+const MAX_CLEARED = 1000;
+
+/**
+ * Jobs of the queue as the filter shows them: `live` (waiting or running), `finished`, or
+ * `all`; finished jobs the user cleared are never shown.
+ */
+export function filterJobs(
+  jobs: IJob[],
+  filter: 'live' | 'finished' | 'all',
+  cleared: ReadonlySet<number>
+): IJob[] {
+  return jobs.filter(j => {
+    const finished = FINISHED.includes(j.state);
+    if (finished && cleared.has(j.id)) {
+      return false;
+    }
+    return filter === 'all' || (filter === 'finished') === finished;
+  });
+}
+
+/** The cleared ids after "clear finished": every job finished now, the newest kept. */
+export function clearFinished(jobs: Iterable<IJob>, cleared: ReadonlySet<number>): Set<number> {
+  const ids = [...cleared];
+  for (const j of jobs) {
+    if (FINISHED.includes(j.state)) {
+      ids.push(j.id);
+    }
+  }
+  return new Set([...new Set(ids)].sort((a, b) => b - a).slice(0, MAX_CLEARED));
+}
+
 /** `me`'s live leases, newest first. */
 export function myLeases(jobs: Iterable<IJob>, me: string | null): IJob[] {
   return [...jobs]
@@ -241,31 +289,9 @@ export function myLeases(jobs: Iterable<IJob>, me: string | null): IJob[] {
     .sort((a, b) => b.id - a.id);
 }
 
-/** Local `HH:MM` of an ISO time, with the weekday when it is not today. */
-export function formatClock(iso: string, nowMs: number): string {
-  const t = new Date(iso);
-  const now = new Date(nowMs);
-  const hm = t.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hour12: false });
-  if (t.toDateString() === now.toDateString()) {
-    return hm;
-  }
-  return `${t.toLocaleDateString([], { weekday: 'short' })} ${hm}`;
-}
-
 /** One line on the window in force: `day window until 20:00, then night`. */
 export function windowLine(window: ICluster['window'] | null, nowMs: number): string {
-  if (!window) {
-    return 'no policy window';
-  }
-  const next = window.next_window;
-  let line = `${window.name} window`;
-  if (window.until) {
-    line += ` until ${formatClock(window.until, nowMs)}`;
-    if (next) {
-      line += `, then ${next}`;
-    }
-  }
-  return line;
+  return window ? formatWindowLine(window, nowMs) : 'no policy window';
 }
 
 /** What one row of "Schedules" (my recurring notebook jobs) shows. */
@@ -275,8 +301,10 @@ export interface IDefinitionRow {
   name: string;
   notebook: string;
   schedule: string;
+  /** The schedule in words: `weekdays at 22:00`. */
+  words: string;
   timezone: string;
-  /** `next Mon 22:00`, `paused`, or `no next run`. */
+  /** `weekdays at 22:00, next Tue 22:00`, `paused`, or `..., no next run`. */
   next: string;
   paused: boolean;
   /** `1 GPU`, `2 GPUs × 16 GB`. */
@@ -288,12 +316,8 @@ export interface IDefinitionRow {
 /** The view model of one definition at `nowMs`. */
 export function definitionRow(d: IDefinition, nowMs: number): IDefinitionRow {
   const notebook = d.spec.notebook ?? '';
-  let next = 'no next run';
-  if (d.paused) {
-    next = 'paused';
-  } else if (d.next_fire_at) {
-    next = `next ${formatClock(d.next_fire_at, nowMs)}`;
-  }
+  const words = d.schedule_words || `cron '${d.schedule}'`;
+  const next = d.paused ? 'paused' : scheduleLine(words, d.next_fire_at, nowMs);
   let runs = 'no runs yet';
   if (d.fire_count > 0) {
     runs = `${d.fire_count} run${d.fire_count === 1 ? '' : 's'}`;
@@ -306,6 +330,7 @@ export function definitionRow(d: IDefinition, nowMs: number): IDefinitionRow {
     name: d.name || basename(notebook) || `schedule ${d.id}`,
     notebook,
     schedule: d.schedule,
+    words,
     timezone: d.timezone,
     next,
     paused: d.paused,

@@ -1,21 +1,24 @@
 /**
- * The sidebar panel: cluster map, queue (mine / all) with cancel, logs and executed notebooks,
- * the window in force, my schedules (recurring notebooks) with pause/resume/delete, my leases
- * with release. Plain DOM; each section is redrawn only when what it shows
- * changed, so hover details stay put while events stream in.
+ * The sidebar panel: the window in force with its rules, the figures in words, the cluster
+ * map (hover a GPU: its job's GPUs; click: the job's page), the queue (mine / all, live /
+ * finished, clear finished) with why and when each job waits, my schedules in words, my
+ * leases by notebook. Plain DOM; each section is redrawn only when what it shows changed, so
+ * hover details stay put while events stream in. `wide` lays it out for the main area.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
-import { notebookIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 import { GpuschedApiError } from './api';
-import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GPU_STATES, MEM_FILL_COLOUR } from './colors';
 import { GpuschedModel } from './controller';
 import { h } from './dom';
+import { fragmentationText } from './format';
+import { IListActions, leaseList, QueueFilter, queueList, scheduleList } from './lists';
+import { renderMap } from './map';
 import {
+  clearFinished,
   definitionRow,
+  filterJobs,
   IDefinitionRow,
   myLeases,
-  nodeRows,
   queueJobs,
   queueRow,
   windowLine
@@ -24,22 +27,39 @@ import { ICluster } from './types';
 
 /** Rows of the queue shown at most (the newest finished ones drop off first). */
 const MAX_ROWS = 50;
+/** Where the ids of cleared finished jobs are kept in the browser. */
+const CLEARED_KEY = 'jupyter-gpusched:cleared-jobs';
+
+/** What the panel opens elsewhere in JupyterLab. */
+export interface IPanelOpeners {
+  openLog(jobId: number): void;
+  openNotebook(path: string): void;
+  openJob(jobId: number): void;
+  openDashboard(): void;
+}
 
 export class GpuschedPanel extends Widget {
   private scope: 'mine' | 'all' = 'mine';
+  private filter: QueueFilter = 'all';
+  private cleared: Set<number>;
   private keys = new Map<string, string>();
   private sections: Record<'status' | 'map' | 'queue' | 'schedules' | 'leases', HTMLElement>;
   private ticker: ReturnType<typeof setInterval>;
+  private actions: IListActions;
 
   constructor(
     private readonly model: GpuschedModel,
-    private readonly openLog: (jobId: number) => void,
-    private readonly openNotebook: (path: string) => void
+    private readonly open: IPanelOpeners,
+    readonly wide = false
   ) {
     super();
-    this.id = 'gpusched-panel';
+    this.id = wide ? 'gpusched-dashboard-panel' : 'gpusched-panel';
     this.addClass('jp-gpusched-panel');
+    if (wide) {
+      this.addClass('jp-mod-wide');
+    }
     this.title.caption = 'GPU cluster';
+    this.cleared = readCleared();
     this.sections = {
       status: h('div', { className: 'jp-gpusched-status' }),
       map: h('div', { className: 'jp-gpusched-map' }),
@@ -47,16 +67,34 @@ export class GpuschedPanel extends Widget {
       schedules: h('div', { className: 'jp-gpusched-schedules' }),
       leases: h('div', { className: 'jp-gpusched-leases' })
     };
-    this.node.append(
+    const title = h(
+      'div',
+      { className: 'jp-gpusched-title-row' },
       h('h2', { className: 'jp-gpusched-title' }, 'GPU cluster'),
-      this.sections.status,
-      this.sections.map,
-      this.sections.queue,
-      this.sections.schedules,
-      this.sections.leases
+      wide
+        ? null
+        : h(
+            'button',
+            {
+              className: 'jp-gpusched-open-dashboard',
+              title: 'Open as a wide dashboard with GPU history charts',
+              onclick: () => this.open.openDashboard()
+            },
+            '⤢ dashboard'
+          )
     );
+    this.node.append(title, ...Object.values(this.sections));
+    this.actions = {
+      openJob: id => this.open.openJob(id),
+      openLog: id => this.open.openLog(id),
+      openNotebook: path => this.open.openNotebook(path),
+      cancel: (id, name) => void this.cancel(id, name),
+      release: (id, notebook) => void this.release(id, notebook),
+      setPaused: (id, paused) => void this.setPaused(id, paused),
+      deleteDefinition: (id, name) => void this.deleteDefinition(id, name)
+    };
     model.changed.connect(() => this.render(), this);
-    // Runtimes tick while the panel is open.
+    // Runtimes and expected starts tick while the panel is open.
     this.ticker = setInterval(() => this.isVisible && this.render(), 1000);
     this.render();
   }
@@ -80,17 +118,20 @@ export class GpuschedPanel extends Widget {
     const cluster = m.state.cluster!;
     const me = m.me();
     const jobs = [...m.state.jobs.values()];
-    const rows = queueJobs(jobs, this.scope, me)
-      .slice(0, MAX_ROWS)
-      .map(j => queueRow(j, now, me));
+    const shown = filterJobs(queueJobs(jobs, this.scope, me), this.filter, this.cleared);
+    const rows = shown.slice(0, MAX_ROWS).map(j => queueRow(j, now, me));
     const leases = myLeases(jobs, me).map(j => queueRow(j, now, me));
     this.update1(
       'status',
       JSON.stringify([windowLine(cluster.window, now), cluster.metrics, cluster.queue, m.stream]),
       () => this.renderStatus(cluster, now)
     );
-    this.update1('map', JSON.stringify(cluster.nodes), () => this.renderMap(cluster));
-    this.update1('queue', JSON.stringify([this.scope, rows]), () => this.renderQueue(rows));
+    this.update1('map', JSON.stringify(cluster.nodes), () =>
+      renderMap(cluster, id => this.open.openJob(id))
+    );
+    this.update1('queue', JSON.stringify([this.scope, this.filter, rows]), () =>
+      this.renderQueue(rows)
+    );
     const schedules = m.definitions?.map(d => definitionRow(d, now)) ?? null;
     this.update1('schedules', JSON.stringify(schedules), () => this.renderSchedules(schedules));
     this.update1('leases', JSON.stringify(leases), () => this.renderLeases(leases));
@@ -135,102 +176,43 @@ export class GpuschedPanel extends Widget {
   private renderStatus(cluster: ICluster, now: number): Node[] {
     const mt = cluster.metrics ?? {};
     const live = this.model.stream === 'open';
-    const figures = [
-      `${mt.gpus_free ?? '?'}/${mt.gpus_total ?? '?'} GPUs free`,
-      mt.largest_placeable_gpus !== undefined
-        ? `largest job ${mt.largest_placeable_gpus} GPUs`
-        : '',
-      mt.frag_ratio !== undefined ? `fragmentation ${mt.frag_ratio.toFixed(2)}` : '',
-      `${cluster.queue?.queued ?? 0} waiting, ${cluster.queue?.running ?? 0} running`
-    ].filter(Boolean);
+    const w = cluster.window;
     return [
       h(
         'div',
-        { className: 'jp-gpusched-window', title: cluster.window?.applies ?? '' },
+        { className: 'jp-gpusched-window', title: w?.applies ?? '' },
         h('span', {
           className: `jp-gpusched-live ${live ? 'jp-mod-live' : ''}`,
           title: live
             ? 'live: following scheduler events'
             : `events: ${this.model.stream}, reconnecting`
         }),
-        windowLine(cluster.window, now)
+        h('span', {}, windowLine(w, now)),
+        w?.applies ? h('span', { className: 'jp-gpusched-applies' }, ` (${w.applies})`) : null
       ),
-      h('div', { className: 'jp-gpusched-figures' }, figures.join(' · '))
-    ];
-  }
-
-  private renderMap(cluster: ICluster): Node[] {
-    if (cluster.nodes.length === 0) {
-      return [
-        h(
-          'div',
-          { className: 'jp-gpusched-empty' },
-          h(
-            'p',
-            {},
-            'The scheduler knows no GPU nodes yet (the first probe can take a few seconds).'
-          ),
-          h(
-            'p',
-            {},
-            'To add your GPU servers, list them in jupyter_server_config.py and restart Jupyter: ',
-            h(
-              'code',
-              {},
-              'c.GpuSchedApp.nodes = [{"name": "gpu1", "host": "gpu1.lab", "username": "me", "key_file": "~/.ssh/id_ed25519"}]'
-            ),
-            '. With no nodes listed, the embedded simulated cluster runs.'
-          )
-        )
-      ];
-    }
-    const rows = nodeRows(cluster).map(row =>
+      h(
+        'ul',
+        { className: 'jp-gpusched-rules', title: 'the rules of the window in force' },
+        (w?.rules ?? []).map(rule => h('li', {}, rule))
+      ),
       h(
         'div',
-        { className: 'jp-gpusched-node', 'data-node': row.name, 'data-up': String(row.up) },
-        h('div', { className: 'jp-gpusched-node-name', title: row.error ?? row.summary }, row.name),
-        h(
-          'div',
-          { className: 'jp-gpusched-gpus' },
-          row.cells.map(cell =>
-            h(
-              'div',
-              {
-                className: 'jp-gpusched-gpu',
-                'data-gpu': cell.key,
-                'data-state': cell.state,
-                title: cell.title,
-                style: `background:${cell.colour}`
-              },
-              h('div', {
-                className: 'jp-gpusched-mem',
-                style: `height:${cell.memFillPct}%;background:${MEM_FILL_COLOUR}`
-              }),
-              h('span', { className: `jp-gpusched-gpu-label jp-mod-${cell.state}` }, cell.label)
-            )
-          )
-        ),
-        h('div', { className: 'jp-gpusched-node-summary' }, row.summary),
-        row.error ? h('div', { className: 'jp-gpusched-node-error' }, row.error) : null
-      )
-    );
-    const legend = h(
-      'div',
-      { className: 'jp-gpusched-legend' },
-      GPU_STATES.map(s =>
-        h(
-          'span',
-          { className: 'jp-gpusched-legend-item' },
-          h('span', {
-            className: 'jp-gpusched-swatch',
-            style: `background:${GPU_STATE_COLOURS[s]}`
-          }),
-          GPU_STATE_LABELS[s]
-        )
+        { className: 'jp-gpusched-figures' },
+        `${mt.gpus_free ?? '?'}/${mt.gpus_total ?? '?'} GPUs free · ` +
+          `${cluster.queue?.queued ?? 0} waiting, ${cluster.queue?.running ?? 0} running`
       ),
-      h('span', { className: 'jp-gpusched-legend-item' }, '▮ shade = memory used')
-    );
-    return [...rows, legend];
+      h(
+        'div',
+        {
+          className: 'jp-gpusched-fragmentation',
+          title:
+            'Stranded GPUs are free shares of partly used GPUs: jobs asking for whole GPUs ' +
+            'cannot use them. The last figure is the share of free capacity that fits none ' +
+            'of the job sizes seen lately.'
+        },
+        fragmentationText(mt)
+      )
+    ];
   }
 
   private renderQueue(rows: ReturnType<typeof queueRow>[]): Node[] {
@@ -247,12 +229,41 @@ export class GpuschedPanel extends Widget {
         },
         label
       );
+    const filter = h(
+      'select',
+      {
+        className: 'jp-gpusched-filter',
+        title: 'Which jobs to list',
+        onchange: (ev: Event) => {
+          this.filter = (ev.target as HTMLSelectElement).value as QueueFilter;
+          this.render();
+        }
+      },
+      (['all', 'live', 'finished'] as QueueFilter[]).map(f =>
+        h('option', { value: f, selected: this.filter === f }, f)
+      )
+    );
+    const clear = h(
+      'button',
+      {
+        className: 'jp-gpusched-clear',
+        title: 'Hide the finished jobs listed now (in this browser)',
+        onclick: () => {
+          this.cleared = clearFinished(this.model.state.jobs.values(), this.cleared);
+          writeCleared(this.cleared);
+          this.render();
+        }
+      },
+      'clear finished'
+    );
     const head = h(
       'div',
       { className: 'jp-gpusched-section-head' },
       h('h3', {}, 'Queue'),
       tab('mine', 'Mine'),
-      tab('all', 'All')
+      tab('all', 'All'),
+      filter,
+      clear
     );
     if (rows.length === 0) {
       return [
@@ -260,90 +271,14 @@ export class GpuschedPanel extends Widget {
         h(
           'p',
           { className: 'jp-gpusched-hint' },
-          this.scope === 'mine' ? 'You have no jobs. ' : 'The queue is empty. ',
+          this.scope === 'mine' ? 'You have no jobs here. ' : 'No jobs here. ',
           'Right-click a notebook in the file browser and choose “Submit to GPU queue…”, or run ',
           h('code', {}, '%gpu submit train.py --gpus 1'),
           ' in a notebook.'
         )
       ];
     }
-    const list = h(
-      'div',
-      { className: 'jp-gpusched-jobs' },
-      rows.map(r =>
-        h(
-          'div',
-          {
-            className: 'jp-gpusched-job-row',
-            'data-job-id': String(r.id),
-            'data-state': r.state,
-            title: r.reason
-          },
-          h(
-            'div',
-            { className: 'jp-gpusched-job-line' },
-            h('span', { className: `jp-gpusched-state jp-mod-${r.state}` }, r.state),
-            h('span', { className: 'jp-gpusched-job' }, `#${r.id} ${r.name}`),
-            this.scope === 'all' ? h('span', { className: 'jp-gpusched-user' }, r.user) : null,
-            h(
-              'span',
-              { className: 'jp-gpusched-actions' },
-              h(
-                'button',
-                {
-                  className: 'jp-gpusched-log-button',
-                  title: 'Show the log',
-                  onclick: () => this.openLog(r.id)
-                },
-                'log'
-              ),
-              r.output
-                ? h(
-                    'button',
-                    {
-                      className: 'jp-gpusched-output-button',
-                      title: `Open the executed notebook ${r.output}`,
-                      onclick: () => this.openNotebook(r.output!)
-                    },
-                    notebookIcon.element({ tag: 'span', height: '14px', width: '14px' })
-                  )
-                : null,
-              r.cancellable
-                ? h(
-                    'button',
-                    {
-                      className: 'jp-gpusched-cancel',
-                      title: 'Cancel this job',
-                      onclick: () => void this.cancel(r.id, r.name)
-                    },
-                    '✕'
-                  )
-                : null
-            )
-          ),
-          h(
-            'div',
-            { className: 'jp-gpusched-job-meta' },
-            r.position
-              ? h(
-                  'span',
-                  { className: 'jp-gpusched-position', title: 'position in the queue' },
-                  r.position
-                )
-              : null,
-            h('span', { className: 'jp-gpusched-where', title: 'node: GPUs' }, r.node),
-            h('span', { className: 'jp-gpusched-size', title: 'GPUs requested' }, r.gpus),
-            r.runtime
-              ? h('span', { className: 'jp-gpusched-runtime', title: 'runtime' }, r.runtime)
-              : null
-          ),
-          r.reason && r.state === 'queued'
-            ? h('div', { className: 'jp-gpusched-reason' }, r.reason)
-            : null
-        )
-      )
-    );
-    return [head, list];
+    return [head, queueList(rows, this.scope === 'all', this.actions)];
   }
 
   private renderSchedules(rows: IDefinitionRow[] | null): Node[] {
@@ -362,64 +297,24 @@ export class GpuschedPanel extends Widget {
         )
       ];
     }
-    const list = h(
-      'div',
-      { className: 'jp-gpusched-definitions' },
-      rows.map(r =>
+    return [head, scheduleList(rows, this.actions)];
+  }
+
+  private renderLeases(leases: ReturnType<typeof queueRow>[]): Node[] {
+    const head = h('div', { className: 'jp-gpusched-section-head' }, h('h3', {}, 'My leases'));
+    if (leases.length === 0) {
+      return [
+        head,
         h(
-          'div',
-          {
-            className: 'jp-gpusched-definition-row',
-            'data-definition-id': String(r.id),
-            'data-paused': String(r.paused),
-            title: r.notebook
-          },
-          h(
-            'div',
-            { className: 'jp-gpusched-job-line' },
-            h('span', { className: 'jp-gpusched-job' }, `${r.name}`),
-            h(
-              'span',
-              { className: 'jp-gpusched-actions' },
-              h(
-                'button',
-                {
-                  className: 'jp-gpusched-pause',
-                  title: r.paused
-                    ? 'Resume: run again on schedule'
-                    : 'Pause: skip runs until resumed',
-                  onclick: () => void this.setPaused(r.id, !r.paused)
-                },
-                r.paused ? 'resume' : 'pause'
-              ),
-              h(
-                'button',
-                {
-                  className: 'jp-gpusched-delete',
-                  title: 'Delete this schedule (jobs it made stay)',
-                  onclick: () => void this.deleteDefinition(r.id, r.name)
-                },
-                '✕'
-              )
-            )
-          ),
-          h(
-            'div',
-            { className: 'jp-gpusched-job-meta' },
-            h('code', { className: 'jp-gpusched-cron', title: 'cron schedule' }, r.schedule),
-            h(
-              'span',
-              { className: 'jp-gpusched-tz', title: 'time zone of the schedule' },
-              r.timezone
-            ),
-            h('span', { className: `jp-gpusched-next ${r.paused ? 'jp-mod-paused' : ''}` }, r.next),
-            h('span', { className: 'jp-gpusched-size', title: 'GPUs per run' }, r.gpus),
-            h('span', { className: 'jp-gpusched-runs' }, r.runs)
-          )
+          'p',
+          { className: 'jp-gpusched-hint' },
+          'No active leases. Run a cell with ',
+          h('code', {}, '%%gpu --gpus 1'),
+          ' to get one.'
         )
-      )
-    );
-    return [head, list];
+      ];
+    }
+    return [head, leaseList(leases, this.actions)];
   }
 
   private async setPaused(id: number, paused: boolean): Promise<void> {
@@ -451,45 +346,9 @@ export class GpuschedPanel extends Widget {
     await this.model.refreshDefinitions();
   }
 
-  private renderLeases(leases: ReturnType<typeof queueRow>[]): Node[] {
-    const head = h('div', { className: 'jp-gpusched-section-head' }, h('h3', {}, 'My leases'));
-    if (leases.length === 0) {
-      return [
-        head,
-        h(
-          'p',
-          { className: 'jp-gpusched-hint' },
-          'No active leases. Run a cell with ',
-          h('code', {}, '%%gpu --gpus 1'),
-          ' to get one.'
-        )
-      ];
-    }
-    return [
-      head,
-      h(
-        'ul',
-        { className: 'jp-gpusched-lease-list' },
-        leases.map(l =>
-          h(
-            'li',
-            { 'data-job-id': String(l.id), 'data-state': l.state },
-            h('span', { className: `jp-gpusched-state jp-mod-${l.state}` }, l.state),
-            ` #${l.id} ${l.node} · ${l.gpus} · ${l.runtime}`,
-            h(
-              'button',
-              { className: 'jp-gpusched-release', onclick: () => void this.release(l.id) },
-              'release'
-            )
-          )
-        )
-      )
-    ];
-  }
-
   private async cancel(id: number, name: string): Promise<void> {
     const answer = await showDialog({
-      title: `Cancel job #${id}?`,
+      title: `Cancel job ${id}?`,
       body: `${name} will be removed from the queue, or stopped if it runs.`,
       buttons: [Dialog.cancelButton({ label: 'Keep' }), Dialog.warnButton({ label: 'Cancel job' })]
     });
@@ -500,16 +359,44 @@ export class GpuschedPanel extends Widget {
       await this.model.client.cancel(id);
       await this.model.refreshJob(id);
     } catch (err) {
-      void showErrorMessage(`Could not cancel job #${id}`, (err as Error).message);
+      void showErrorMessage(`Could not cancel job ${id}`, (err as Error).message);
     }
   }
 
-  private async release(id: number): Promise<void> {
+  private async release(id: number, notebook: string | null): Promise<void> {
+    const answer = await showDialog({
+      title: `Release lease ${id}?`,
+      body:
+        `Its GPUs go back to the queue and its remote kernel stops: the variables that ` +
+        `${notebook ?? 'the notebook'}'s %%gpu cells set there are lost, and the next ` +
+        '%%gpu cell starts a new lease.',
+      buttons: [Dialog.cancelButton({ label: 'Keep' }), Dialog.warnButton({ label: 'Release' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
     try {
       await this.model.client.release(id);
       await this.model.refreshJob(id);
     } catch (err) {
-      void showErrorMessage(`Could not release lease #${id}`, (err as Error).message);
+      void showErrorMessage(`Could not release lease ${id}`, (err as Error).message);
     }
+  }
+}
+
+function readCleared(): Set<number> {
+  try {
+    const ids = JSON.parse(window.localStorage.getItem(CLEARED_KEY) ?? '[]');
+    return new Set(Array.isArray(ids) ? ids.filter(n => typeof n === 'number') : []);
+  } catch {
+    return new Set();
+  }
+}
+
+function writeCleared(ids: Set<number>): void {
+  try {
+    window.localStorage.setItem(CLEARED_KEY, JSON.stringify([...ids]));
+  } catch {
+    // storage full or off: clearing lasts until the page reloads
   }
 }

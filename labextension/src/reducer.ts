@@ -2,6 +2,7 @@
  * The panel's state and how websocket events change it. Pure: `applyEvent(state, event)`
  * returns a new state and never mutates its input, so replays and reconnects are safe.
  */
+import { isKernelLease } from './kernelwait';
 import { ICluster, IEvent, IJob, JobState } from './types';
 
 /** Everything the panel draws. */
@@ -86,9 +87,12 @@ export interface INotice {
   output?: string;
 }
 
-/** The executed notebook a finished notebook job left beside its input, if any yet. */
-export function outputNotebook(job: Pick<IJob, 'spec'>): string | null {
-  return job.spec.labels?.output_notebook ?? null;
+/**
+ * The executed notebook a finished notebook job left beside its input, if any yet: the
+ * server-set `outputs`, never a label (labels are whatever the submitter wrote).
+ */
+export function outputNotebook(job: Pick<IJob, 'outputs'>): string | null {
+  return job.outputs?.notebook ?? null;
 }
 
 /**
@@ -143,6 +147,9 @@ export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): 
   const job = event.job;
   if (!level || !job || job.user !== me) {
     return null;
+  }
+  if (level === 'success' && isKernelLease(job)) {
+    return null; // a GPU kernel's lease "succeeds" when the kernel is shut down: nothing to say
   }
   if (job.id < gate.oldestLoadedId || gate.atLoad.get(job.id) === event.to_state) {
     return null;

@@ -17,6 +17,12 @@ export interface ISubmitInput {
   gpuMemGb: number | null;
   parameters: Record<string, unknown>;
   when: When;
+  /** Display name of the job (or schedule); null for the server's default. */
+  name?: string | null;
+  /** Stop the run after this many seconds; null for no limit. */
+  maxRuntimeS?: number | null;
+  /** Only GPUs of this model; null for any. */
+  gpuModel?: string | null;
 }
 
 /** Thrown for input the request cannot express; the message says what to change. */
@@ -59,8 +65,11 @@ export function buildNotebookRequest(
   if (!input.path.endsWith('.ipynb')) {
     throw new SubmitInputError(`${input.path} is not a notebook (.ipynb)`);
   }
-  if (!Number.isInteger(input.gpus) || input.gpus < 0 || input.gpus > 64) {
-    throw new SubmitInputError('GPUs must be a whole number from 0 to 64');
+  if (!Number.isInteger(input.gpus) || input.gpus < 1 || input.gpus > 64) {
+    throw new SubmitInputError('GPUs must be a whole number from 1 to 64');
+  }
+  if (input.maxRuntimeS !== undefined && input.maxRuntimeS !== null && !(input.maxRuntimeS > 0)) {
+    throw new SubmitInputError('max runtime must be more than 0, e.g. 2h or 90m, or left empty');
   }
   if (input.gpuMemGb !== null && !(input.gpuMemGb > 0)) {
     throw new SubmitInputError('GPU memory must be more than 0 GB, or left empty for whole GPUs');
@@ -73,6 +82,15 @@ export function buildNotebookRequest(
   };
   if (input.gpuMemGb !== null && input.gpus > 0) {
     body.gpu_mem_gb = input.gpuMemGb;
+  }
+  if (input.name) {
+    body.name = input.name;
+  }
+  if (input.maxRuntimeS) {
+    body.max_runtime_s = input.maxRuntimeS;
+  }
+  if (input.gpuModel) {
+    body.gpu_models = [input.gpuModel];
   }
   if (input.when.kind === 'cron') {
     const expr = input.when.expr.trim().replace(/\s+/g, ' ');
@@ -114,4 +132,39 @@ export function parseParameters(text: string): Record<string, unknown> {
     }
   });
   return out;
+}
+
+/** A Python literal as the dialog writes it: strings unquoted, True/False/None as JSON. */
+function dialogValue(literal: string): string {
+  const quoted = /^(['"])(.*)\1$/.exec(literal);
+  if (quoted && !quoted[2].includes(quoted[1])) {
+    return quoted[2];
+  }
+  const words: Record<string, string> = { True: 'true', False: 'false', None: 'null' };
+  return words[literal] ?? literal;
+}
+
+/**
+ * The `name=value` lines of a notebook's `parameters` cell (papermill's convention: the code
+ * cell tagged `parameters`), for the dialog to start from; '' when it has none. Only simple
+ * assignments are read (`lr = 0.1  # comment`); anything else in the cell is left out.
+ */
+export function parametersFromNotebook(notebook: unknown): string {
+  const cells = (notebook as { cells?: unknown[] } | null)?.cells ?? [];
+  for (const raw of cells) {
+    const cell = raw as { cell_type?: string; metadata?: { tags?: string[] }; source?: unknown };
+    if (cell.cell_type !== 'code' || !cell.metadata?.tags?.includes('parameters')) {
+      continue;
+    }
+    const source = Array.isArray(cell.source) ? cell.source.join('') : String(cell.source ?? '');
+    const lines: string[] = [];
+    for (const line of source.split(/\r?\n/)) {
+      const m = /^([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]+)?=\s*(.+?)\s*(#.*)?$/.exec(line);
+      if (m) {
+        lines.push(`${m[1]}=${dialogValue(m[2])}`);
+      }
+    }
+    return lines.join('\n');
+  }
+  return '';
 }

@@ -1,20 +1,41 @@
-/** The "Submit to GPU queue" dialog body: GPUs, memory, parameters, when. */
+/** The "Submit to GPU queue" dialog body: name, GPUs, memory, model, limit, parameters, when. */
 import { Widget } from '@lumino/widgets';
 import { h } from './dom';
-import { parseParameters, When } from './request';
+import { parseDuration } from './format';
+import { parseParameters, SubmitInputError, When } from './request';
 
 /** Raw choices of the dialog, parsed into request input by the caller. */
 export interface ISubmitChoice {
+  name: string | null;
   gpus: number;
   gpuMemGb: number | null;
+  gpuModel: string | null;
+  maxRuntimeS: number | null;
   parameters: Record<string, unknown>;
   when: When;
 }
 
+/** What the dialog starts from: the notebook and what is known of it and of the cluster. */
+export interface ISubmitFormOptions {
+  /** the notebook, relative to the server root */
+  path: string;
+  /** local time "tonight" starts, or null when the night window is on */
+  tonight: string | null;
+  /** the zone a cron schedule is read in (the browser's), for the label */
+  timezone: string | null;
+  /** `name=value` lines from the notebook's `parameters` cell */
+  parameters: string;
+  /** the GPU models the cluster has, to choose from */
+  models: string[];
+  /** the notebook is open with unsaved changes (they are saved before it is submitted) */
+  unsaved: boolean;
+}
+
 export class SubmitForm extends Widget {
+  private name = h('input', { type: 'text', name: 'name', maxLength: 200 });
   private gpus = h('input', {
     type: 'number',
-    min: '0',
+    min: '1',
     max: '64',
     step: '1',
     value: '1',
@@ -27,6 +48,12 @@ export class SubmitForm extends Widget {
     placeholder: 'whole GPUs',
     name: 'gpu_mem_gb'
   });
+  private model = h('select', { name: 'gpu_model' });
+  private runtime = h('input', {
+    type: 'text',
+    name: 'max_runtime',
+    placeholder: 'no limit (e.g. 2h, 90m)'
+  });
   private params = h('textarea', {
     rows: '3',
     name: 'parameters',
@@ -38,14 +65,16 @@ export class SubmitForm extends Widget {
     placeholder: '0 22 * * 1-5'
   });
 
-  /**
-   * @param path the notebook, relative to the server root
-   * @param tonight local time "tonight" starts, or null when the night window is on
-   * @param timezone the zone a cron schedule is read in (the browser's), for the label
-   */
-  constructor(path: string, tonight: string | null, timezone: string | null) {
+  constructor(options: ISubmitFormOptions) {
     super();
     this.addClass('jp-gpusched-submit');
+    const { path, tonight, timezone } = options;
+    this.name.value = (path.split('/').pop() ?? path).replace(/\.ipynb$/, '');
+    this.params.value = options.parameters;
+    this.model.append(
+      h('option', { value: '' }, 'any'),
+      ...options.models.map(m => h('option', { value: m }, m))
+    );
     const radio = (value: string, label: string, checked = false) =>
       h('label', {}, h('input', { type: 'radio', name: 'when', value, checked }), ` ${label}`);
     // Typing a schedule means "repeat": pick that choice for the user.
@@ -55,12 +84,26 @@ export class SubmitForm extends Widget {
     });
     this.node.append(
       h('p', {}, h('code', {}, path)),
+      ...(options.unsaved
+        ? [
+            h(
+              'p',
+              { className: 'jp-gpusched-submit-unsaved' },
+              'This notebook has unsaved changes: it is saved before it is submitted.'
+            )
+          ]
+        : []),
+      h('label', {}, 'Name ', this.name),
       h('label', {}, 'GPUs ', this.gpus),
       h('label', {}, 'GPU memory per GPU (GB) ', this.mem),
+      h('label', {}, 'GPU model ', this.model),
+      h('label', {}, 'Max runtime ', this.runtime),
       h(
         'label',
         { className: 'jp-gpusched-block' },
-        'Parameters (name=value per line)',
+        options.parameters
+          ? 'Parameters (name=value per line, from the parameters cell)'
+          : 'Parameters (name=value per line)',
         this.params
       ),
       h(
@@ -92,9 +135,19 @@ export class SubmitForm extends Widget {
       (this.node.querySelector('input[name=when]:checked') as HTMLInputElement | null)?.value ??
       'now';
     const mem = this.mem.value.trim();
+    const runtime = this.runtime.value.trim();
+    const maxRuntimeS = runtime === '' ? null : parseDuration(runtime);
+    if (maxRuntimeS === null && runtime !== '') {
+      throw new SubmitInputError(
+        `max runtime "${runtime}" is not a duration; write it like 90m, 2h or 1h30m`
+      );
+    }
     return {
+      name: this.name.value.trim() || null,
       gpus: Number(this.gpus.value),
       gpuMemGb: mem === '' ? null : Number(mem),
+      gpuModel: this.model.value || null,
+      maxRuntimeS,
       parameters: parseParameters(this.params.value),
       when:
         when === 'cron'

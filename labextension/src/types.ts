@@ -51,3 +51,9 @@ export type INotebookSubmission = Schemas['NotebookSubmission'];
 export type IDefinition = Schemas['Definition'];
 /** Answer of `POST notebooks`: the queued job, or the stored definition (cron). */
 export type INotebookSubmitted = Schemas['NotebookSubmitted'];
+/** Body of `GET jobs/{id}/events`: a job's timeline. */
+export type IJobEvents = Schemas['JobEvents'];
+/** One GPU's samples over time, as columns. */
+export type IGpuSeries = Schemas['GpuSeries'];
+/** Body of `GET cluster/history`. */
+export type IGpuHistory = Schemas['GpuHistory'];

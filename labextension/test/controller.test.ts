@@ -97,8 +97,13 @@ describe('GpuschedModel', () => {
 
   it("holds a notebook job's notice until its executed notebook is fetched", async () => {
     const spec = { kind: 'notebook' as const, notebook: 'a/nb.ipynb', name: 'nb.ipynb', gpus: 1 };
-    const mk = (id: number, labels: Record<string, string> = {}) =>
-      job(id, { state: 'succeeded', user: 'root', spec: { ...spec, labels } });
+    const mk = (id: number, notebook: string | null = null) =>
+      job(id, {
+        state: 'succeeded',
+        user: 'root',
+        spec,
+        outputs: notebook ? { notebook, log: null } : null
+      });
     const [model, notices] = await started(
       [
         job(1, { state: 'running', user: 'root', spec }),
@@ -116,7 +121,7 @@ describe('GpuschedModel', () => {
       kind: 'notebook_output',
       job_id: 1,
       detail: { notebook: out },
-      job: mk(1, { output_notebook: out })
+      job: mk(1, out)
     });
     expect(notices).toEqual([
       { jobId: 1, level: 'success', message: 'GPU job #1 (nb.ipynb) succeeded', output: out }
@@ -127,7 +132,7 @@ describe('GpuschedModel', () => {
       [1, out],
       [2, undefined]
     ]);
-    expect(model.state.jobs.get(1)!.spec.labels).toEqual({ output_notebook: out });
+    expect(model.state.jobs.get(1)!.outputs).toEqual({ notebook: out, log: null });
     model.dispose();
   });
 

@@ -2,7 +2,6 @@ import { describe, expect, it } from 'vitest';
 import { GPU_STATE_COLOURS, GPU_STATES } from '../src/colors';
 import {
   definitionRow,
-  formatDuration,
   gpuCell,
   jobName,
   memFillPct,
@@ -64,9 +63,11 @@ describe('gpuCell', () => {
     const title = gpuCell({ name: 'a100-1', up: true }, g).title.split('\n');
     expect(title).toEqual([
       'a100-1 GPU 2 · A100 · batch',
-      'memory 20 GB / 80 GB · util 87%',
-      'job #7 · bob · script (50% share)'
+      'memory 20G / 80G · util 87%',
+      'job #7 · bob · script (50% share)',
+      "click: open job #7's page"
     ]);
+    expect(gpuCell({ name: 'a100-1', up: true }, g).jobs).toEqual([7]);
   });
 });
 
@@ -99,30 +100,36 @@ describe('nodeRows', () => {
   });
 });
 
-describe('formatDuration', () => {
-  it.each([
-    [0, '0s'],
-    [45.9, '45s'],
-    [60, '1m 00s'],
-    [723, '12m 03s'],
-    [3600 * 3 + 300, '3h 05m'],
-    [86400 * 2 + 3600 * 4, '2d 04h'],
-    [-5, '0s']
-  ])('%s s reads %s', (s, text) => {
-    expect(formatDuration(s)).toBe(text);
-  });
-});
-
 describe('queue rows', () => {
   it('shows the queue position only while queued', () => {
-    expect(queueRow(job(1, { position: 3 }), NOW, 'alice').position).toBe('#3');
+    expect(queueRow(job(1, { position: 3 }), NOW, 'alice').position).toBe('3rd in line');
     expect(queueRow(job(1, { state: 'running', position: 3 }), NOW, 'alice').position).toBe('');
+  });
+
+  it('says why a queued job waits and when it is expected to start', () => {
+    const waiting = job(1, {
+      position: 2,
+      reason: 'needs 8 GPUs on one node: the most free on one node is 4 (a100-1)',
+      estimated_start: '2026-11-23T10:12:30Z'
+    });
+    const row = queueRow(waiting, NOW, 'alice');
+    expect([row.position, row.eta, row.reason]).toEqual([
+      '2nd in line',
+      'starts in 12m (10:12)',
+      'needs 8 GPUs on one node: the most free on one node is 4 (a100-1)'
+    ]);
+    expect(queueRow(job(2, { estimated_start: null }), NOW, 'alice').eta).toBe('starts unknown');
+    expect(queueRow(job(3, { held: true, reason: 'paused' }), NOW, 'alice')).toMatchObject({
+      eta: '',
+      reason: 'held · paused'
+    });
+    expect(queueRow(job(4, { state: 'running' }), NOW, 'alice').eta).toBe('');
   });
 
   it('counts runtime up to now while running and up to the end once finished', () => {
     const running = job(1, { state: 'running', started_at: '2026-11-23T09:47:57Z' });
     expect(runtimeS(running, NOW)).toBe(723);
-    expect(queueRow(running, NOW, 'alice').runtime).toBe('12m 03s');
+    expect(queueRow(running, NOW, 'alice').runtime).toBe('12m3s');
     const done = job(2, {
       state: 'succeeded',
       started_at: '2026-11-23T08:00:00Z',
@@ -142,7 +149,7 @@ describe('queue rows', () => {
       NOW,
       'alice'
     );
-    expect([row.node, row.gpus, row.name]).toEqual(['a100-0: 0,1', '2 GPUs × 16 GB', 'train.py']);
+    expect([row.node, row.gpus, row.name]).toEqual(['a100-0: 0,1', '2 GPUs × 16G', 'train.py']);
     expect(queueRow(job(3), NOW, 'alice').gpus).toBe('1 GPU');
     const shared = job(4, { spec: { kind: 'lease', gpus: 1, gpu_share: 0.25 } });
     expect(queueRow(shared, NOW, 'alice').gpus).toBe('0.25 GPU');
@@ -196,9 +203,20 @@ describe('executed notebooks and schedules', () => {
     expect(queueRow(job(1, { state: 'running', spec }), NOW, 'alice').output).toBeNull();
     const done = job(1, {
       state: 'succeeded',
-      spec: { ...spec, labels: { output_notebook: 'exp/train-20261123-100000-job1.ipynb' } }
+      spec,
+      outputs: { notebook: 'exp/train-20261123-100000-job1.ipynb', log: null }
     });
     expect(queueRow(done, NOW, 'alice').output).toBe('exp/train-20261123-100000-job1.ipynb');
+  });
+
+  it('never makes a link of a label, whatever the submitter wrote in it', () => {
+    const spec = { kind: 'notebook' as const, notebook: 'exp/train.ipynb', gpus: 1 };
+    const labelled = job(1, {
+      state: 'succeeded',
+      user: 'bob',
+      spec: { ...spec, labels: { output_notebook: 'javascript:alert(6)' } }
+    });
+    expect(queueRow(labelled, NOW, 'alice').output).toBeNull();
   });
 
   it('shows a schedule with its cron, zone, next run and runs', () => {
@@ -214,7 +232,8 @@ describe('executed notebooks and schedules', () => {
       next_fire_at: '2026-11-23T21:00:00+00:00',
       last_fired_at: null,
       last_job_id: null,
-      fire_count: 0
+      fire_count: 0,
+      schedule_words: 'weekdays at 22:00'
     };
     expect(definitionRow(d, NOW)).toEqual({
       id: 4,
@@ -222,9 +241,10 @@ describe('executed notebooks and schedules', () => {
       notebook: 'exp/train.ipynb',
       schedule: '0 22 * * 1-5',
       timezone: 'Europe/Berlin',
-      next: 'next 21:00',
+      words: 'weekdays at 22:00',
+      next: 'weekdays at 22:00, next 21:00',
       paused: false,
-      gpus: '2 GPUs × 16 GB',
+      gpus: '2 GPUs × 16G',
       runs: 'no runs yet'
     });
     const paused = definitionRow(
@@ -236,7 +256,10 @@ describe('executed notebooks and schedules', () => {
       'paused',
       '3 runs, last #12'
     ]);
-    expect(definitionRow({ ...d, next_fire_at: null }, NOW).next).toBe('no next run');
+    expect(definitionRow({ ...d, next_fire_at: null }, NOW).next).toBe(
+      'weekdays at 22:00, no next run'
+    );
+    expect(definitionRow({ ...d, schedule_words: null }, NOW).words).toBe("cron '0 22 * * 1-5'");
   });
 });
 

@@ -114,11 +114,12 @@ describe('noticeFor', () => {
 });
 
 describe('the executed notebook of a notebook job', () => {
-  const nbJob = (state: 'succeeded' | 'failed', labels: Record<string, string> = {}) =>
+  const nbJob = (state: 'succeeded' | 'failed', notebook: string | null = null) =>
     job(7, {
       state,
       user: 'alice',
-      spec: { kind: 'notebook', notebook: 'exp/train.ipynb', name: 'train.ipynb', gpus: 1, labels }
+      spec: { kind: 'notebook', notebook: 'exp/train.ipynb', name: 'train.ipynb', gpus: 1 },
+      outputs: notebook ? { notebook, log: null } : null
     });
   const gate = noticeGate([job(7, { state: 'running' })], 200);
   const ended = (j: ReturnType<typeof nbJob>): IEvent => ({
@@ -139,7 +140,7 @@ describe('the executed notebook of a notebook job', () => {
       kind: 'notebook_output',
       job_id: 7,
       detail: { notebook: OUT, log: 'exp/x.log', state: 'succeeded' },
-      job: nbJob('succeeded', { output_notebook: OUT })
+      job: nbJob('succeeded', OUT)
     };
     expect(withOutput(notice, output)).toEqual({ ...notice, output: OUT });
     expect(withOutput(notice, { ...output, job: null })).toEqual({ ...notice, output: OUT });
@@ -148,7 +149,7 @@ describe('the executed notebook of a notebook job', () => {
   });
 
   it('names the output at once when the job already carries it', () => {
-    const done = nbJob('failed', { output_notebook: OUT });
+    const done = nbJob('failed', OUT);
     const notice = noticeFor(ended(done), 'alice', gate)!;
     expect(notice.output).toBe(OUT);
     expect(awaitsOutput(notice, done)).toBe(false);

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import {
   buildNotebookRequest,
   ISubmitInput,
+  parametersFromNotebook,
   parseParameters,
   SubmitInputError,
   tonightIso
@@ -33,11 +34,29 @@ describe('buildNotebookRequest', () => {
     expect(body.parameters).toEqual({ lr: 0.1, tag: 'a' });
   });
 
-  it('asks for whole GPUs when no memory is given, and for none with 0 GPUs', () => {
+  it('asks for whole GPUs when no memory is given', () => {
     expect(buildNotebookRequest({ ...base, gpuMemGb: null }, null)).not.toHaveProperty(
       'gpu_mem_gb'
     );
-    expect(buildNotebookRequest({ ...base, gpus: 0 }, null)).not.toHaveProperty('gpu_mem_gb');
+  });
+
+  it('sends the name, the runtime limit and the GPU model only when given', () => {
+    const body = buildNotebookRequest(
+      { ...base, name: 'sweep', maxRuntimeS: 7200, gpuModel: 'A100' },
+      null
+    );
+    expect([body.name, body.max_runtime_s, body.gpu_models]).toEqual(['sweep', 7200, ['A100']]);
+    const bare = buildNotebookRequest(
+      { ...base, name: '', maxRuntimeS: null, gpuModel: null },
+      null
+    );
+    expect(Object.keys(bare).sort()).toEqual([
+      'at',
+      'gpu_mem_gb',
+      'gpus',
+      'notebook',
+      'parameters'
+    ]);
   });
 
   it('leaves "tonight" to the server, with no time zone', () => {
@@ -61,7 +80,9 @@ describe('buildNotebookRequest', () => {
     [{ path: 'train.py' }, /not a notebook/],
     [{ gpus: 1.5 }, /whole number/],
     [{ gpus: -1 }, /whole number/],
-    [{ gpus: 65 }, /from 0 to 64/],
+    [{ gpus: 65 }, /from 1 to 64/],
+    [{ gpus: 0 }, /from 1 to 64/],
+    [{ maxRuntimeS: 0 }, /max runtime must be more than 0/],
     [{ gpuMemGb: 0 }, /more than 0 GB/],
     [{ when: { kind: 'cron', expr: '' } }, /five fields/],
     [{ when: { kind: 'cron', expr: '0 22 * *' } }, /five fields/]
@@ -89,5 +110,40 @@ describe('helpers', () => {
       fast: true
     });
     expect(() => parseParameters('lr 0.1')).toThrow(/line 1: write parameters as name=value/);
+  });
+
+  it("pre-fills parameters from the notebook's parameters cell", () => {
+    const cell = (source: string | string[], tags: string[] = []) => ({
+      cell_type: 'code',
+      metadata: { tags },
+      source
+    });
+    const nb = {
+      cells: [
+        cell('lr = 9'),
+        cell(
+          [
+            'lr = 0.1  # learning rate\n',
+            "name = 'resnet'\n",
+            'epochs: int = 3\n',
+            'fast = True\n',
+            'import os\n',
+            'tags = ["a"]'
+          ],
+          ['parameters']
+        )
+      ]
+    };
+    const text = parametersFromNotebook(nb);
+    expect(text).toBe('lr=0.1\nname=resnet\nepochs=3\nfast=true\ntags=["a"]');
+    expect(parseParameters(text)).toEqual({
+      lr: 0.1,
+      name: 'resnet',
+      epochs: 3,
+      fast: true,
+      tags: ['a']
+    });
+    expect(parametersFromNotebook({ cells: [cell('lr = 1')] })).toBe('');
+    expect(parametersFromNotebook(null)).toBe('');
   });
 });

@@ -64,15 +64,15 @@ async def test_a_posted_notebook_runs_streams_progress_and_comes_back_beside_the
 
     done = await wait_for_async(
         lambda: gpusched.get(job["id"]),
-        lambda j: "output_notebook" in j["spec"]["labels"],
+        lambda j: j["outputs"] is not None,
         timeout_s=60,
         what="the executed notebook",
     )
     assert done["state"] == "succeeded"
-    out = jp_root_dir / done["spec"]["labels"]["output_notebook"]
+    out = jp_root_dir / done["outputs"]["notebook"]
     assert out.parent == jp_root_dir / "work" and out.name.startswith("nb-")
     assert outputs_text(read_notebook(out).cells[3]) == "42 int\n"
-    assert (jp_root_dir / done["spec"]["labels"]["output_log"]).exists()
+    assert (jp_root_dir / done["outputs"]["log"]).exists()
 
 
 async def test_a_cron_definition_is_listed_paused_resumed_and_deleted(
@@ -281,9 +281,9 @@ def test_the_cli_submits_notebooks_and_manages_definitions(server_process: Any) 
     )
     assert made.returncode == 0, made.stderr
     def_id = made.stdout.split()[1]
-    assert "'0 2 * * *' Europe/Berlin" in made.stdout
+    assert "every day at 02:00" in made.stdout and "(Europe/Berlin; cron '0 2 * * *'" in made.stdout
     paused = cli(server_process, "definitions", "pause", def_id)
-    assert paused.returncode == 0 and "(paused, 0 runs)" in paused.stdout
+    assert paused.returncode == 0 and ": paused (" in paused.stdout and "0 runs)" in paused.stdout
     listed = cli(server_process, "definitions", "list")
     assert listed.stdout.startswith(f"definition {def_id} ")
     assert cli(server_process, "definitions", "delete", def_id).returncode == 0

@@ -25,7 +25,7 @@ def node_entries(sim: SimCluster) -> list[dict[str, Any]]:
     """The ``GpuSchedApp.nodes`` entries that reach ``sim``'s nodes."""
     entries = []
     for cfg in sim.node_configs():
-        skip = ("client_keys", "agent_cmd")
+        skip = ("client_keys", "agent_cmd", "run_as", "user_key_file")  # the app sets these
         entry = {k: v for k, v in asdict(cfg).items() if k not in skip and v is not None}
         entry["key_files"] = list(cfg.client_keys)
         entries.append(entry)

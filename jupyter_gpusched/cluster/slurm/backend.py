@@ -136,7 +136,6 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         self._inventory: list[NodeInventory] = []
         self.records = LaunchRecords(self.state_dir)
         self.states = JobStates(self._run_slurm, self._is_ours)
-        self._owners: dict[str, str | None] = {}  # job dir -> its owner, for file access
         self._script = os.path.join(os.path.dirname(self.records.dir), "gpusched-batch.sh")
 
     # ------------------------------------------------------------------ plumbing
@@ -187,7 +186,6 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         name = commands.job_name(job, self.name_prefix)
         job_dir = self._job_dir(job, name)
         user = self._user(job)
-        self._owners[job_dir] = user
         # pid/pgid: the scheduler reads a pid as "its launch returned"; here the Slurm job id
         return {"node": node, "slurm_job_id": slurm_id, "pid": slurm_id, "pgid": slurm_id,
                 "name": name, "job_dir": job_dir, "log": f"{job_dir}/output.log",
@@ -197,8 +195,6 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         h = job.handle or {}
         if h.get("slurm_job_id") is None:
             raise BackendError(f"job {job.id} has no Slurm job id to find it by")
-        if h.get("job_dir"):
-            self._owners[str(h["job_dir"])] = h.get("user")
         return int(h["slurm_job_id"]), h.get("user"), h
 
     # ------------------------------------------------------------------ lifecycle

@@ -1,14 +1,16 @@
 """The node side of the Slurm backend: logs, files and lease kernels' ports.
 
 What the plugins ask a backend for beyond the job protocol (``run``, ``forward_local_port``,
-``node_config``, ``get_file``), and the job logs. Files are on the filesystem the service shares
-with the nodes; a node named in the app's ``nodes`` is reached over SSH instead (lease kernels
-on nodes whose address the service cannot reach).
+``node_config``, ``fetch_file``, ``kernel_connection``, ``remove_file``), and the job logs.
+Files are on the filesystem the service shares with the nodes; a node named in the app's
+``nodes`` is reached over SSH instead (lease kernels on nodes whose address the service cannot
+reach).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -27,7 +29,6 @@ class NodeSide:
     # Set by the backend.
     _ssh: Any
     _nodes: dict[str, SlurmNode]
-    _owners: dict[str, str | None]
     states: JobStates
     python: str
 
@@ -113,7 +114,28 @@ class NodeSide:
             )
         return await Relay.open(node, listen_host, local_port, remote_host, remote_port)
 
-    async def get_file(self, node: str, remote: str, local: str) -> None:
-        """Copy a file of a job dir (shared filesystem) to ``local``, as its owner."""
-        owner = next((u for d, u in self._owners.items() if remote.startswith(d + "/")), None)
-        await SharedFiles(self._env()).fetch(owner, remote, local)
+    async def fetch_file(self, job: Job, remote: str, local: str) -> None:
+        """Copy a file of the job's dir (shared filesystem) to ``local``, read as its owner."""
+        _, user, _ = self._of(job)
+        await SharedFiles(self._env()).fetch(user, remote, local)
+
+    async def kernel_connection(self, job: Job, path: str, *, timeout_s: float) -> dict[str, Any]:
+        """A lease kernel's connection info once the kernel has written its file."""
+        node = str(job.handle.get("node"))
+        python = self.node_config(node).python
+        argv = [python, "-m", "jupyter_gpusched.node.kernel", "connection", "--path", path]
+        result = await self.run(
+            node, [*argv, "--timeout", str(timeout_s)], timeout_s=timeout_s + 30
+        )
+        try:
+            answer = json.loads(result.stdout)
+        except (TypeError, ValueError):
+            answer = None
+        if result.exit_status != 0 or not isinstance(answer, dict) or "error" in answer:
+            why = answer.get("error") if isinstance(answer, dict) else None
+            raise BackendError(why or str(result.stderr or result.stdout).strip()[-500:])
+        return answer
+
+    async def remove_file(self, job: Job, path: str) -> None:
+        """Remove a lease kernel's connection file (best effort, on the shared filesystem)."""
+        await self.run(str(job.handle.get("node")), ["rm", "-f", path], timeout_s=15)

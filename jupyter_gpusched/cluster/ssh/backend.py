@@ -1,9 +1,13 @@
-"""SSH backend: GPU nodes reached over one pooled asyncssh connection each.
+"""SSH backend: GPU nodes reached over pooled asyncssh connections.
 
 Everything remote goes through the node agent
 (:mod:`jupyter_gpusched.node.agent`), started with a command line built by :func:`shlex.join`
 from an argument list, so no user string is ever pasted into a shell line. Host keys are always
 checked against a known_hosts file; there is no switch that turns checking off.
+
+Everything a job does on its node -- staging, launch, status, kill, logs, claims, its lease
+kernel's connection file, its notebook's outputs -- runs as the job's owner when the node's
+``run_as`` says so (see :mod:`.pool`); probes run as the scheduler's own account.
 
 Failure model: every failed attempt to talk to a node (connect refused or timed out, connection
 lost mid-command) counts as one consecutive failure; the next connect waits an exponential
@@ -16,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tarfile
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-
-import asyncssh
 
 from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
 from jupyter_gpusched.core.models import Job, Placement
@@ -41,6 +45,10 @@ _STATUS_SH = (
 )
 
 
+#: Seconds between reads of a log followed by polling (the node's follow channels are taken).
+LOG_POLL_S = 0.5
+
+
 def _stat_running(stat: str, start_time: int | None) -> bool:
     """Alive, not a zombie, and the same process (start time, /proc field 22) as launched."""
     if ")" not in stat:
@@ -49,6 +57,17 @@ def _stat_running(stat: str, start_time: int | None) -> bool:
     if len(fields) < 20 or fields[0] in ("Z", "X"):
         return False
     return start_time is None or int(fields[19]) == int(start_time)
+
+
+def _gone(job: Job, node: str) -> JobStatus:
+    """The node answered, and the job's process is gone without leaving an exit record."""
+    return JobStatus(
+        running=False,
+        lost=True,
+        gone=True,
+        detail=f"job {job.id}'s process is gone from {node} without an exit record "
+        "(killed with SIGKILL, or the node rebooted)",
+    )
 
 
 def _epoch(text: str) -> datetime | None:
@@ -63,10 +82,21 @@ class SshBackend(NodePool):
     """A :class:`~jupyter_gpusched.cluster.base.Backend` on the node pool's SSH connections."""
 
     async def _agent(
-        self, st: _Node, args: Sequence[str], *, timeout_s: float = 60.0
+        self,
+        st: _Node,
+        args: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 60.0,
+        input: str | None = None,
+        stdin: Any = None,
     ) -> dict[str, Any]:
+        """One agent subcommand's JSON answer, run as ``user`` (None: the scheduler)."""
         argv = [*st.cfg.agent_argv(), *args]
-        result = await self.run(st.cfg.name, argv, timeout_s=timeout_s)
+        if stdin is None:
+            result = await self.run(st.cfg.name, argv, user=user, timeout_s=timeout_s, input=input)
+        else:
+            result = await self.feed(st.cfg.name, argv, stdin, user=user, timeout_s=timeout_s)
         try:
             answer = json.loads(result.stdout)
         except ValueError:
@@ -132,16 +162,22 @@ class SshBackend(NodePool):
             return ",".join(uuids)
         return ",".join(str(i) for i in placement.gpu_indices)
 
-    async def _stage(self, st: _Node, job_dir: str, files: Sequence[str]) -> None:
-        async with self._channel(st, "staging files") as conn:
+    async def _stage(self, st: _Node, job: Job, job_dir: str, files: Sequence[str]) -> str:
+        """Copy ``files`` into the job dir as its owner, as one tar stream; the absolute dir.
+
+        The agent writes them (0700 dir, owner's permission bits), so the copies belong to the
+        job's owner and nobody else can read them, whoever the scheduler logged in as.
+        """
+        with tempfile.SpooledTemporaryFile(max_size=8 << 20) as spool:
             try:
-                async with conn.start_sftp_client() as sftp:
-                    await sftp.makedirs(job_dir, exist_ok=True)
-                    for local in files:
-                        remote = f"{job_dir}/{os.path.basename(local)}"
-                        await sftp.put(local, remote, recurse=os.path.isdir(local))
-            except (asyncssh.SFTPError, FileNotFoundError) as exc:
-                raise BackendError(f"node {st.cfg.name}: staging {files} failed: {exc}") from None
+                await asyncio.to_thread(_tar, files, spool)
+            except OSError as exc:
+                raise NodeRefusedError(f"staging {files} failed: {exc}") from None
+            spool.seek(0)
+            answer = await self._agent(
+                st, ["stage", "--job-dir", job_dir], user=job.user, timeout_s=600.0, stdin=spool
+            )
+        return str(answer["job_dir"])
 
     async def launch(
         self, job: Job, placement: Placement, *, argv: Sequence[str] | None = None
@@ -153,20 +189,25 @@ class SshBackend(NodePool):
             raise BackendError(f"job {job.id} has no command to run on {placement.node}")
         job_dir = self._job_dir(st, job)
         if st.cfg.staging == "sftp" and job.spec.files:
-            job_dir = await self._absolute(st, job_dir)
-            await self._stage(st, job_dir, job.spec.files)
+            job_dir = await self._stage(st, job, job_dir, job.spec.files)
         args = ["launch", "--job-dir", job_dir, f"--gpus={self._gpu_list(st, placement)}"]
-        for key, value in {**job.spec.env, "GPUSCHED_JOB_ID": str(job.id)}.items():
-            args += ["--env", f"{key}={value}"]
         if job.spec.workdir:
             args += ["--cwd", job.spec.workdir]
-        answer = await self._agent(st, [*args, "--", *command], timeout_s=60.0)
+        # The command and environment go on stdin, not the exec line: one big argument there
+        # overflows an SSH packet and drops the connection every user of the node shares.
+        env = {**job.spec.env, "GPUSCHED_JOB_ID": str(job.id)}
+        spec = json.dumps({"argv": command, "env": env})
+        answer = await self._agent(
+            st, [*args, "--spec", "-"], user=job.user, timeout_s=60.0, input=spec
+        )
         return _launch_result(placement.node, answer)
 
     async def claim_launch(self, job: Job, placement: Placement) -> LaunchResult | None:
         """The attempt's launch if it started; else make sure it never starts (None)."""
         st = self._node(placement.node)
-        answer = await self._agent(st, ["claim", "--job-dir", self._job_dir(st, job)])
+        answer = await self._agent(
+            st, ["claim", "--job-dir", self._job_dir(st, job)], user=job.user
+        )
         return _launch_result(placement.node, answer) if answer.get("started") else None
 
     @staticmethod
@@ -189,12 +230,16 @@ class SshBackend(NodePool):
         """Running, or ended with its exit code; ``lost`` when the node cannot tell.
 
         Uses :data:`_STATUS_SH` (shell builtins only) rather than the agent's ``status``: the
-        same rules at a few ms instead of a Python start-up per running job and poll.
+        same rules at a few ms instead of a Python start-up per running job and poll -- except
+        in sudo mode, where only the agent may run as the job's owner.
         """
         try:
             st, h = self._handle(job)
+            if st.cfg.run_as == "sudo":
+                return await self._agent_status(st, job, h)
             argv = ["sh", "-c", _STATUS_SH, "gpusched-status", h["job_dir"], str(h["pid"])]
-            answer = (await self.run(st.cfg.name, argv, timeout_s=30.0, check=True)).stdout
+            result = await self.run(st.cfg.name, argv, user=job.user, timeout_s=30.0, check=True)
+            answer = result.stdout
         except BackendError as exc:
             return JobStatus(running=False, lost=True, detail=exc.message)
         kind, _, rest = answer.strip().partition(" ")
@@ -208,38 +253,84 @@ class SshBackend(NodePool):
         checkpoint, _, rest = rest.partition(" ")
         if _stat_running(rest, h.get("start_time")):
             return JobStatus(running=True, checkpoint_at=_epoch(checkpoint))
-        return JobStatus(
-            running=False,
-            lost=True,
-            detail=f"job {job.id}'s process is gone from {st.cfg.name} without an exit "
-            "record (killed with SIGKILL, or the node rebooted)",
-        )
+        return _gone(job, st.cfg.name)
+
+    async def _agent_status(self, st: _Node, job: Job, h: Mapping[str, Any]) -> JobStatus:
+        """:meth:`poll` through the agent's ``status`` (the rules of :data:`_STATUS_SH`)."""
+        args = ["status", "--job-dir", h["job_dir"], "--pid", str(h["pid"])]
+        if h.get("start_time") is not None:
+            args += ["--start-time", str(h["start_time"])]
+        answer = await self._agent(st, args, user=job.user, timeout_s=30.0)
+        if answer.get("running"):
+            return JobStatus(running=True, checkpoint_at=_epoch(answer.get("checkpoint") or ""))
+        if answer.get("exit_code") is not None:
+            ended = answer.get("ended_at")
+            return JobStatus(
+                running=False,
+                exit_code=int(answer["exit_code"]),
+                ended_at=datetime.fromisoformat(ended) if ended else None,
+            )
+        return _gone(job, st.cfg.name)
 
     async def cancel(self, job: Job, *, grace_s: float = 10.0) -> None:
         """SIGTERM the job's process group, SIGKILL after ``grace_s``."""
         st, h = self._handle(job)
         args = ["kill", "--pgid", str(h["pgid"]), "--grace", str(grace_s)]
         args += ["--job-dir", h["job_dir"]]
-        await self._agent(st, args, timeout_s=grace_s + 30.0)
+        await self._agent(st, args, user=job.user, timeout_s=grace_s + 30.0)
 
     async def read_log(self, job: Job, *, offset: int = 0, limit: int = 65536) -> bytes:
         """Up to ``limit`` bytes of the job's log from ``offset`` (empty before it exists)."""
         st, h = self._handle(job)
-        argv = [*st.cfg.agent_argv(), "log", "--file", h["log"], "--offset", str(offset)]
+        return await self._read(st, job, h["log"], offset=offset, limit=limit)
+
+    async def _read(
+        self, st: _Node, job: Job, path: str, *, offset: int = 0, limit: int | None = None
+    ) -> bytes:
+        """Bytes of a file of the job on its node, read as the job's owner."""
+        argv = [*st.cfg.agent_argv(), "log", "--file", path, "--offset", str(offset)]
+        if limit is not None:
+            argv += ["--limit", str(limit)]
         result = await self.run(
-            st.cfg.name, [*argv, "--limit", str(limit)], check=True, encoding=None, timeout_s=60
+            st.cfg.name, argv, user=job.user, check=True, encoding=None, timeout_s=300
         )
         return bytes(result.stdout)
 
+    async def fetch_file(self, job: Job, remote: str, local: str) -> None:
+        """Copy a file of the job's (its executed notebook) to ``local``, read as its owner."""
+        st, _ = self._handle(job)
+        data = await self._read(st, job, remote)
+        await asyncio.to_thread(_write_file, local, data)
+
+    async def kernel_connection(self, job: Job, path: str, *, timeout_s: float) -> dict[str, Any]:
+        """A lease kernel's connection info once its file is complete, read as its owner."""
+        st, _ = self._handle(job)
+        args = ["connection", "--path", path, "--timeout", str(timeout_s)]
+        return await self._agent(st, args, user=job.user, timeout_s=timeout_s + 30.0)
+
+    async def remove_file(self, job: Job, path: str) -> None:
+        """Remove a file of the job's (a lease kernel's connection file), as its owner."""
+        st, _ = self._handle(job)
+        await self._agent(st, ["remove", "--path", path], user=job.user, timeout_s=30.0)
+
     async def follow_log(self, job: Job, *, offset: int = 0) -> AsyncIterator[bytes]:
-        """Yield log bytes as they are written, until the job ends (one SSH channel held)."""
+        """Yield log bytes as they are written, until the job ends (one SSH channel held).
+
+        When the node's channels for follows are all taken (by other users' follows), the
+        log is read by polling instead: a follow never waits for another one to end.
+        """
         st, h = self._handle(job)
+        if st.streams.locked():
+            async for chunk in self._poll_log(job, offset):
+                yield chunk
+            return
         argv = [*st.cfg.agent_argv(), "log", "--file", h["log"], "--offset", str(offset)]
         argv += ["--follow", "--job-dir", h["job_dir"], "--pid", str(h["pid"])]
         if h.get("start_time") is not None:
             argv += ["--start-time", str(h["start_time"])]
-        async with st.streams, self._channel(st, "following a log") as conn:
-            process = await conn.create_process(self._command_line(st.cfg, argv), encoding=None)
+        line = self._line(st, argv, job.user)
+        async with st.streams, self._channel(st, "following a log", job.user) as conn:
+            process = await conn.create_process(line, encoding=None)
             try:
                 while chunk := await process.stdout.read(65536):
                     yield bytes(chunk)
@@ -254,8 +345,37 @@ class SshBackend(NodePool):
                     f"node {st.cfg.name}: connection lost while following job {job.id}'s log"
                 )
             if process.returncode != 0:
-                why = (await process.stderr.read()).decode(errors="replace").strip()[-500:]
+                err = await process.stderr.read()
+                self._sudo_refused(st, job.user, process.returncode, err)
+                why = err.decode(errors="replace").strip()[-500:]
                 raise BackendError(f"node {st.cfg.name}: following the log failed: {why}")
+
+    async def _poll_log(self, job: Job, offset: int) -> AsyncIterator[bytes]:
+        """Follow a log by reading it every ``LOG_POLL_S`` until the job ends."""
+        while True:
+            status = await self.poll(job)  # before the read: what it saw ended is all there
+            if status.lost:
+                raise BackendError(status.detail or f"job {job.id}'s node cannot be reached")
+            data = await self.read_log(job, offset=offset, limit=1 << 20)
+            if data:
+                offset += len(data)
+                yield data
+            elif not status.running:
+                return
+            else:
+                await asyncio.sleep(LOG_POLL_S)
+
+
+def _tar(files: Sequence[str], out: Any) -> None:
+    """``files`` (files or directories, links followed) as a tar stream into ``out``."""
+    with tarfile.open(fileobj=out, mode="w|", dereference=True) as tar:
+        for local in files:
+            tar.add(local, arcname=os.path.basename(os.path.normpath(local)), recursive=True)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def _launch_result(node: str, answer: Mapping[str, Any]) -> LaunchResult:
@@ -279,6 +399,7 @@ def _gpu_info(g: Mapping[str, Any]) -> GpuInfo:
                 used_mem_mb=float(p.get("used_mem_mb") or 0.0),
                 name=str(p.get("name") or ""),
                 job_id=None if p.get("job_id") is None else int(p["job_id"]),
+                user=p.get("user"),
             )
             for p in g.get("processes", ())
         ),

@@ -1,4 +1,11 @@
-"""One pooled SSH connection per node: connect with host-key checks, back off, run, copy, forward.
+"""Pooled SSH connections to the nodes: connect with host-key checks, back off, run, forward.
+
+One connection per node as the scheduler's own account, and -- when jobs run as their owners
+with per-user keys (``run_as="ssh"``) -- one per (node, owner). In ``sudo`` mode commands for
+an owner go over the scheduler's connection as ``sudo -n -H -u OWNER -- AGENT ...``, and only
+the agent may run that way. Failures to reach a node count against the node whoever logged in;
+an owner who cannot log in (no key, no account, sudo says no) is an :class:`AccountError` of
+that owner's job, never a fall back to the scheduler's account.
 
 This package (and the simulator's server side) alone imports asyncssh. Every command line is
 built by :func:`shlex.join` from an argument list; host keys are always checked against a
@@ -13,16 +20,16 @@ import os
 import shlex
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import asyncssh
 
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import BackendError, HostKeyError
+from jupyter_gpusched.core.errors import AccountError, BackendError, HostKeyError
 from jupyter_gpusched.core.units import format_duration_s
 
 from ..base import NodeInventory
-from .config import Forward, NodeConfig, RemoteResult
+from .config import Forward, NodeConfig, RemoteResult, check_account
 
 
 @dataclass
@@ -41,6 +48,12 @@ class _Node:
     probed_at: float = float("-inf")  # clock.monotonic() of the last probe attempt
     probe_error: str | None = None
     probes: int = 0  # probes started, so concurrent inventory() calls share one
+    users: dict[str, Any] = field(default_factory=dict)  # ssh mode: owner -> connection
+    user_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def all_conns(self) -> list[Any]:
+        """The scheduler's connection and the owners' (open or not)."""
+        return [c for c in (self.conn, *self.users.values()) if c is not None]
 
 
 _CONNECTION_ERRORS = (OSError, asyncssh.DisconnectError, asyncssh.ConnectionLost, EOFError)
@@ -109,81 +122,133 @@ class NodePool:
         st.last_error = message
         delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (st.failures - 1))
         st.retry_at = self._clock.monotonic() + delay
-        if st.conn is not None:
-            st.conn.close()
-            st.conn = None
+        for conn in st.all_conns():
+            conn.close()
+        st.conn = None
+        st.users.clear()
 
     def _lost(self, st: _Node, conn: Any, message: str) -> None:
         """Count a dropped connection once, however many channels were using it."""
-        if st.conn is conn:
+        if any(c is conn for c in st.all_conns()):
             self._failed(st, message)
 
-    async def _connect(self, st: _Node) -> Any:
-        if st.conn is not None and not st.conn.is_closed():
-            return st.conn
-        async with st.lock:
-            if st.conn is not None and not st.conn.is_closed():
-                return st.conn
-            st.conn = None
-            cfg = st.cfg
-            wait_s = st.retry_at - self._clock.monotonic()
-            if wait_s > 0:
-                raise BackendError(
-                    f"node {cfg.name} is unreachable ({st.last_error}); "
-                    f"next connection attempt in {format_duration_s(round(wait_s, 1))}"
-                )
-            known_hosts = cfg.known_hosts_path()
-            if not os.path.isfile(known_hosts):
-                self._failed(st, f"no known_hosts file {known_hosts}")
-                raise HostKeyError(
-                    f"cannot check the host key of node {cfg.name} ({cfg.host}:{cfg.port}): "
-                    f"known_hosts file {known_hosts} does not exist; create it with the node's "
-                    f"verified key (ssh-keyscan -p {cfg.port} {cfg.host})"
-                )
-            options: dict[str, Any] = {
-                "port": cfg.port,
-                "known_hosts": known_hosts,
-                "config": [],  # NodeConfig is the whole truth; ~/.ssh/config cannot weaken it
-                "keepalive_interval": self.keepalive_s,
-                "keepalive_count_max": 3,
-                "connect_timeout": self.connect_timeout_s,
-            }
+    @staticmethod
+    def _login(st: _Node, user: str | None) -> str | None:
+        """Whose SSH login carries a command for ``user``: theirs in ssh mode, else None."""
+        return user if user is not None and st.cfg.run_as == "ssh" else None
+
+    def _check_user(self, st: _Node, user: str | None) -> None:
+        if user is not None and st.cfg.run_as != "service":
+            why = check_account(user)
+            if why is not None:
+                raise AccountError(f"node {st.cfg.name}: cannot run as {user!r}: {why}")
+
+    def _user_keys(self, cfg: NodeConfig, user: str) -> list[Any]:
+        path = cfg.key_file_of(user)
+        try:
+            return [asyncssh.read_private_key(path)]
+        except (OSError, asyncssh.KeyImportError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise AccountError(
+                f"node {cfg.name}: no usable SSH key for {user} at {path} ({why}); jobs run as "
+                "their owners with a key per user the admin provides (user_key_file)"
+            ) from None
+
+    async def _connect(self, st: _Node, user: str | None = None) -> Any:
+        """The open connection for ``user``'s commands (None: the scheduler's own)."""
+        login = self._login(st, user)
+        current = st.conn if login is None else st.users.get(login)
+        if current is not None and not current.is_closed():
+            return current
+        lock = st.lock if login is None else st.user_locks.setdefault(login, asyncio.Lock())
+        async with lock:
+            current = st.conn if login is None else st.users.get(login)
+            if current is not None and not current.is_closed():
+                return current
+            conn = await self._open(st, login)
+            if login is None:
+                st.conn = conn
+            else:
+                st.users[login] = conn
+            return conn
+
+    async def _open(self, st: _Node, login: str | None) -> Any:
+        """A new connection as the scheduler (``login`` None) or as an owner (ssh mode)."""
+        cfg = st.cfg
+        wait_s = st.retry_at - self._clock.monotonic()
+        if wait_s > 0:
+            raise BackendError(
+                f"node {cfg.name} is unreachable ({st.last_error}); "
+                f"next connection attempt in {format_duration_s(round(wait_s, 1))}"
+            )
+        known_hosts = cfg.known_hosts_path()
+        # The node's error (the cluster view, the log) is the whole message: it says which
+        # file and what to do, not only what went wrong.
+        if not os.path.isfile(known_hosts):
+            message = (
+                f"cannot check the host key of node {cfg.name} ({cfg.host}:{cfg.port}): "
+                f"known_hosts file {known_hosts} does not exist; create it with the node's "
+                f"verified key (ssh-keyscan -p {cfg.port} {cfg.host})"
+            )
+            self._failed(st, message)
+            raise HostKeyError(message)
+        options: dict[str, Any] = {
+            "port": cfg.port,
+            "known_hosts": known_hosts,
+            "config": [],  # NodeConfig is the whole truth; ~/.ssh/config cannot weaken it
+            "keepalive_interval": self.keepalive_s,
+            "keepalive_count_max": 3,
+            "connect_timeout": self.connect_timeout_s,
+        }
+        if login is not None:
+            self._check_user(st, login)
+            options["username"] = login
+            options["client_keys"] = self._user_keys(cfg, login)
+        else:
             if cfg.username:
                 options["username"] = cfg.username
             if cfg.client_keys:
                 options["client_keys"] = list(cfg.client_keys)
-            try:
-                st.conn = await asyncssh.connect(cfg.host, **options)
-            except asyncssh.HostKeyNotVerifiable as exc:
-                self._failed(st, f"host key not trusted: {exc.reason}")
-                raise HostKeyError(
-                    f"host key of node {cfg.name} ({cfg.host}:{cfg.port}) is not trusted by "
-                    f"known_hosts file {known_hosts}: {exc.reason}. If the node was reinstalled, "
-                    "verify its fingerprint and update that file; checking is never disabled."
+        try:
+            conn = await asyncssh.connect(cfg.host, **options)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            message = (
+                f"host key of node {cfg.name} ({cfg.host}:{cfg.port}) is not trusted by "
+                f"known_hosts file {known_hosts}: {exc.reason}. If the node was reinstalled, "
+                "verify its fingerprint and update that file; checking is never disabled."
+            )
+            self._failed(st, message)
+            raise HostKeyError(message) from None
+        except asyncssh.PermissionDenied as exc:
+            if login is not None:  # this owner's login, not the node, is at fault
+                raise AccountError(
+                    f"node {cfg.name}: SSH login as {login} failed ({exc.reason}); the "
+                    f"node needs an account {login} whose authorized_keys holds the public "
+                    f"key of {cfg.key_file_of(login)}"
                 ) from None
-            except asyncssh.PermissionDenied as exc:
-                self._failed(st, f"authentication failed: {exc.reason}")
-                user = cfg.username or "the local user"
-                raise BackendError(
-                    f"node {cfg.name}: SSH login as {user} failed ({exc.reason}); "
-                    "check client_keys and the node's authorized_keys"
-                ) from None
-            except (TimeoutError, *_CONNECTION_ERRORS, asyncssh.Error) as exc:
-                reason = str(exc) or type(exc).__name__
-                self._failed(st, reason)
-                raise BackendError(
-                    f"node {cfg.name} ({cfg.host}:{cfg.port}) unreachable: {reason}"
-                ) from None
-            st.failures = 0
-            st.last_error = None
-            st.retry_at = float("-inf")
-            return st.conn
+            user = cfg.username or "the local user"
+            message = (
+                f"node {cfg.name}: SSH login as {user} failed ({exc.reason}); "
+                "check client_keys and the node's authorized_keys"
+            )
+            self._failed(st, message)
+            raise BackendError(message) from None
+        except (TimeoutError, *_CONNECTION_ERRORS, asyncssh.Error) as exc:
+            reason = str(exc) or type(exc).__name__
+            self._failed(st, reason)
+            raise BackendError(
+                f"node {cfg.name} ({cfg.host}:{cfg.port}) unreachable: {reason}"
+            ) from None
+        st.failures = 0
+        st.last_error = None
+        st.retry_at = float("-inf")
+        return conn
 
     @contextlib.asynccontextmanager
-    async def _channel(self, st: _Node, what: str) -> AsyncIterator[Any]:
-        """One channel's worth of the node's connection, with connection errors translated."""
+    async def _channel(self, st: _Node, what: str, user: str | None = None) -> AsyncIterator[Any]:
+        """One channel's worth of a connection for ``user``, with connection errors translated."""
         async with st.channels:
-            conn = await self._connect(st)
+            conn = await self._connect(st, user)
             try:
                 yield conn
             except asyncssh.ChannelOpenError as exc:
@@ -212,9 +277,10 @@ class NodePool:
 
     async def close(self) -> None:
         """Close the connections; jobs keep running on their nodes."""
-        conns = [st.conn for st in self._nodes.values() if st.conn is not None]
+        conns = [c for st in self._nodes.values() for c in st.all_conns()]
         for st in self._nodes.values():
             st.conn = None
+            st.users.clear()
         for conn in conns:
             conn.close()
         for conn in conns:
@@ -225,11 +291,46 @@ class NodePool:
         env = [f"{k}={v}" for k, v in cfg.env.items()]
         return shlex.join(["env", *env, *argv] if env else list(argv))
 
+    def _line(self, st: _Node, argv: Sequence[str], user: str | None) -> str:
+        """The command line that runs ``argv`` on the node as ``user`` (None: the scheduler).
+
+        In sudo mode only the agent runs as an owner: ``sudo -n -H -u USER -- AGENT`` with the
+        node's env passed as the agent's ``--setenv`` (sudo resets the environment).
+        """
+        cfg = st.cfg
+        self._check_user(st, user)
+        if user is None or cfg.run_as != "sudo":
+            return self._command_line(cfg, argv)
+        agent = list(cfg.agent_argv())
+        if list(argv[: len(agent)]) != agent:
+            raise BackendError(
+                f"node {cfg.name}: in sudo mode only the agent runs as a job's owner, "
+                f"not {argv[0]!r}"
+            )
+        setenv = [f"--setenv={k}={v}" for k, v in cfg.env.items()]
+        sudo = [cfg.sudo, "-n", "-H", "-u", user, "--", *agent, *setenv, *argv[len(agent) :]]
+        return self._command_line(cfg, sudo)
+
+    @staticmethod
+    def _sudo_refused(st: _Node, user: str | None, code: int | None, stderr: Any) -> None:
+        """Raise AccountError when sudo itself (not the agent) refused to run as ``user``."""
+        if user is None or st.cfg.run_as != "sudo" or not code:
+            return
+        text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+        said = [line for line in text.splitlines() if line.startswith("sudo:")]
+        if said:
+            raise AccountError(
+                f"node {st.cfg.name}: cannot run as {user} through sudo ({said[0]}); the node "
+                f"needs an account {user} that the sudoers line for the agent lets the "
+                "scheduler's account run as"
+            )
+
     async def run(
         self,
         node: str,
         argv: Sequence[str],
         *,
+        user: str | None = None,
         timeout_s: float | None = 60.0,
         check: bool = False,
         input: str | bytes | None = None,
@@ -237,12 +338,14 @@ class NodePool:
     ) -> RemoteResult:
         """Run ``argv`` on ``node`` (quoted with :func:`shlex.join`) and wait for it.
 
-        Raises :class:`BackendError` when the node cannot be reached, on timeout, and (with
-        ``check``) on a non-zero exit, quoting the end of stderr.
+        ``user``: run it as that job owner's account (see the node's ``run_as``); None runs
+        it as the scheduler's. Raises :class:`BackendError` when the node cannot be reached,
+        on timeout, and (with ``check``) on a non-zero exit, quoting the end of stderr;
+        :class:`AccountError` when the owner cannot log in or sudo refuses them.
         """
         st = self._node(node)
-        line = self._command_line(st.cfg, argv)
-        async with self._channel(st, f"running {argv[0]}") as conn:
+        line = self._line(st, argv, user)
+        async with self._channel(st, f"running {argv[0]}", user) as conn:
             stdin = {"input": input} if input is not None else {"stdin": asyncssh.DEVNULL}
             try:
                 done = await conn.run(line, timeout=timeout_s, encoding=encoding, **stdin)
@@ -252,6 +355,7 @@ class NodePool:
                     f"{format_duration_s(timeout_s or 0)}"
                 ) from None
         code = done.returncode if done.returncode is not None else -1
+        self._sudo_refused(st, user, done.returncode, done.stderr)
         result = RemoteResult(code, done.stdout, done.stderr)
         if check and code != 0:
             tail = result.stderr[-2000:] if result.stderr else ""
@@ -259,6 +363,42 @@ class NodePool:
                 tail = tail.decode(errors="replace")
             raise BackendError(f"node {node}: {argv[0]} exited with {code}: {tail.strip()}")
         return result
+
+    async def feed(
+        self,
+        node: str,
+        argv: Sequence[str],
+        source: IO[bytes],
+        *,
+        user: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> RemoteResult:
+        """Like :meth:`run` (bytes out), with ``source`` streamed to the command's stdin."""
+        st = self._node(node)
+        line = self._line(st, argv, user)
+        async with self._channel(st, f"running {argv[0]}", user) as conn:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    process = await conn.create_process(line, encoding=None)
+                    try:
+                        with contextlib.suppress(BrokenPipeError, asyncssh.Error):
+                            while chunk := source.read(1 << 20):
+                                process.stdin.write(chunk)
+                                await process.stdin.drain()
+                            process.stdin.write_eof()
+                        out, err = await asyncio.gather(
+                            process.stdout.read(), process.stderr.read()
+                        )
+                        await process.wait_closed()
+                    finally:
+                        process.close()
+            except TimeoutError:
+                raise BackendError(
+                    f"node {node}: {argv[0]} did not finish within {format_duration_s(timeout_s)}"
+                ) from None
+        self._sudo_refused(st, user, process.returncode, err)
+        code = process.returncode if process.returncode is not None else -1
+        return RemoteResult(code, out, err)
 
     async def _home(self, st: _Node) -> str:
         if st.home is None:

@@ -8,6 +8,7 @@ status and a JSON body saying what to fix; bad input never becomes a 500.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from http.client import responses
@@ -18,15 +19,16 @@ from jupyter_server.base.handlers import APIHandler
 from pydantic import BaseModel
 from tornado import web
 
-from jupyter_gpusched.core.api import MAX_ID, Error
+from jupyter_gpusched.core.api import MAX_ID, Error, Viewer
 from jupyter_gpusched.core.errors import (
     BadRequestError,
     GpuSchedError,
     InvalidSpecError,
     NotFoundError,
 )
+from jupyter_gpusched.core.units import format_size_bytes
 from jupyter_gpusched.server.auth import AUTH_RESOURCE
-from jupyter_gpusched.server.uploads import store_uploads, user_dir
+from jupyter_gpusched.server.uploads import local_files, store_uploads, user_dir
 
 API = "gpusched/api"
 _SHARED_TOKEN_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
@@ -35,6 +37,8 @@ _STATUS_NAMES = {
     403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
+    413: "PayloadTooLarge",
+    429: "TooManyRequests",
     503: "Unavailable",
 }
 _HTTP_HINTS = {
@@ -78,6 +82,9 @@ class GpuSchedMixin:
         self.set_status(status)  # type: ignore[attr-defined]
         if status == 401:
             self.set_header("WWW-Authenticate", "token")  # type: ignore[attr-defined]
+        if status == 503:  # the store or the scheduler is away: say when to try again
+            retry_s = getattr(exc, "retry_after_s", None) or 5.0
+            self.set_header("Retry-After", str(max(1, math.ceil(retry_s))))  # type: ignore[attr-defined]
         self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
         self.finish(body.model_dump_json())  # type: ignore[attr-defined]
 
@@ -91,10 +98,16 @@ class GpuSchedMixin:
     async def scheduler(self) -> Any:
         """The running scheduler; waits briefly while the extension is still starting."""
         sched = self.settings.get("gpusched")  # type: ignore[attr-defined]
+        if sched is not None:
+            return sched
+        app = self.settings["gpusched_app"]  # type: ignore[attr-defined]
+        if app.start_error is not None:  # the store is away: it starts once the store is back
+            raise app.start_error
+        sched = await app.wait_ready(10.0)
         if sched is None:
-            sched = await self.settings["gpusched_app"].wait_ready(10.0)  # type: ignore[attr-defined]
-        if sched is None:
-            raise web.HTTPError(503, "the GPU scheduler has not started; see the server log")
+            raise app.start_error or web.HTTPError(
+                503, "the GPU scheduler has not started; see the server log"
+            )
         return sched
 
     @property
@@ -121,6 +134,11 @@ class GpuSchedMixin:
         return self.username in self.settings.get("gpusched_admins", ())  # type: ignore[attr-defined]
 
     @property
+    def viewer(self) -> Viewer:
+        """Whom the answer is for: views of other users' jobs leave their private parts out."""
+        return Viewer(self.username, self.is_admin())
+
+    @property
     def mode(self) -> str:
         """Embedded (this server schedules), service (the lab's queue) or client."""
         return str(self.settings.get("gpusched_mode", "embedded"))  # type: ignore[attr-defined]
@@ -139,7 +157,9 @@ class GpuSchedMixin:
         """Write files sent with a job into the caller's directory; stage them from there.
 
         The lab-wide service cannot read paths on its callers' machines: there, ``files``
-        must come as ``uploads`` (the user's own Jupyter server sends them that way).
+        must come as ``uploads`` (the user's own Jupyter server sends them that way). A
+        server that reads them itself takes only paths inside its root (relative ones start
+        there).
         """
         uploads = body.pop("uploads", None)
         if uploads is not None:
@@ -153,6 +173,8 @@ class GpuSchedMixin:
                 "the lab's service cannot read paths on your machine; send the files' "
                 "content as uploads (your Jupyter server does so for you)",
             )
+        elif body.get("files"):
+            body["files"] = local_files(body["files"], self.server_root())
 
     def query(self, name: str, default: str | None = None) -> str | None:
         """One query argument; repeated arguments are refused rather than guessed at."""
@@ -195,6 +217,19 @@ def _reject_constant(name: str) -> float:
 
 class ApiHandler(GpuSchedMixin, APIHandler):
     """Base of the REST handlers: JSON in, JSON out."""
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        """Refuse a body past ``GpuSchedApp.max_request_bytes``, saying the limit."""
+        await super().prepare()
+        limit = int(self.settings.get("gpusched_max_request_bytes", 96 << 20))
+        size = len(self.request.body or b"")
+        if size > limit:
+            raise web.HTTPError(
+                413,
+                f"the request body is {format_size_bytes(size)}; at most "
+                f"{format_size_bytes(limit)} (GpuSchedApp.max_request_bytes): stage big "
+                "inputs as files",
+            )
 
     def json_body(self) -> Any:
         """The request body as JSON, or a 400 that says why it could not be read."""

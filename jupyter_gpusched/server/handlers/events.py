@@ -11,6 +11,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from tornado import websocket
 
 from jupyter_gpusched.core.api import MAX_ID
+from jupyter_gpusched.core.errors import UnavailableError
 
 from .base import API, GpuSchedMixin
 
@@ -37,6 +38,8 @@ class ListenOnlyWebSocket(GpuSchedMixin, websocket.WebSocketHandler, JupyterHand
                 await self.write_message(message)
         except websocket.WebSocketClosedError:
             pass
+        except UnavailableError as exc:  # the store went away: reconnect later with after=
+            self.close(1013, exc.message.encode()[:120].decode(errors="ignore"))
         finally:
             self.stopped()
 
@@ -60,6 +63,7 @@ class EventsHandler(ListenOnlyWebSocket):
     """Websocket of scheduler events; ``?after=ID`` replays stored events newer than ID.
 
     The scheduler adds ``cluster`` messages (no id) after changes, at most one per second.
+    Each connection gets what its user may see (see :mod:`jupyter_gpusched.scheduling.events`).
     """
 
     @ws_authenticated
@@ -68,11 +72,12 @@ class EventsHandler(ListenOnlyWebSocket):
         """Check the query, then upgrade to a websocket."""
         self._sched = await self.scheduler()
         self._after = self.query_int("after", 0, -1, MAX_ID)  # -1: only new events
+        self._viewer = self.viewer
         await super().get(*args, **kwargs)
 
     async def relay(self) -> AsyncIterator[str | bytes]:  # type: ignore[override]
         """Stored events after ``after``, then live ones."""
-        async for event in self._sched.subscribe(after_id=self._after):
+        async for event in self._sched.subscribe(viewer=self._viewer, after_id=self._after):
             yield event.model_dump_json()
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import urllib.parse
+from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.utils import url_path_join
@@ -10,18 +13,30 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_gpusched.core.api import (
+    MAX_ARRAY,
+    MAX_ID,
     MAX_LIMIT,
     MAX_LOG_CHUNK,
     MAX_OFFSET,
+    JobArray,
     JobList,
     JobUpdate,
     LeaseList,
     parse_body,
 )
-from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
-from jupyter_gpusched.core.models import JobKind, JobState, parse_spec
+from jupyter_gpusched.core.errors import (
+    ForbiddenError,
+    InvalidSpecError,
+    NotFoundError,
+    TooManyError,
+)
+from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
+from jupyter_gpusched.scheduling.timeline import timeline
 
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
+
+#: Most stored events a timeline reads (a notebook's progress lines count).
+MAX_EVENTS = 20_000
 
 
 class JobsHandler(ApiHandler):
@@ -39,31 +54,78 @@ class JobsHandler(ApiHandler):
         if user == "me":
             user = self.username
         kind = self.query("kind")
+        array = self.query("array")
         limit = self.query_int("limit", 100, 0, MAX_LIMIT)
         offset = self.query_int("offset", 0, 0, MAX_OFFSET)
         jobs, total = sched.list_jobs(
             states=states,
             user=user or None,
             kind=enum_arg(JobKind, "kind", kind) if kind else None,
+            array_id=None if array is None else self.query_int("array", 0, 0, MAX_ID),
             limit=limit,
             offset=offset,
         )
-        views = [sched.job_view(j) for j in jobs]
+        views = [sched.job_view(j, self.viewer) for j in jobs]
         self.write_model(JobList(jobs=views, total=total, limit=limit, offset=offset))
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        """Submit a job as the current user; answers 201 with its Location."""
+        """Submit a job as the current user; answers 201 with its Location.
+
+        A list of jobs, or one job with ``array: N``, is a bulk submit: all queued in one
+        transaction (or none), answered as a :class:`~jupyter_gpusched.core.api.JobArray`.
+        """
         sched = await self.scheduler()
         body = self.json_body()
+        if isinstance(body, list):
+            self._post_many(sched, body)
+            return
+        count = body.pop("array", None) if isinstance(body, dict) else None
+        spec = self._spec(body)
+        if count is None:
+            job = sched.submit(spec)
+            self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
+            self.write_model(sched.job_view(job, self.viewer), status=201)
+            return
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ARRAY:
+            raise InvalidSpecError(
+                "array", f"must be a whole number of tasks from 1 to {MAX_ARRAY}, got {count!r}"
+            )
+        self._write_array(sched, sched.submit_many([spec] * count))
+
+    def _post_many(self, sched: Any, body: list[Any]) -> None:
+        if not 1 <= len(body) <= MAX_ARRAY:
+            raise InvalidSpecError(
+                "body",
+                f"a list of 1 to {MAX_ARRAY} jobs, got {len(body)}; split bigger submissions",
+            )
+        specs = []
+        for i, item in enumerate(body):
+            if isinstance(item, dict) and "array" in item:
+                raise InvalidSpecError(
+                    f"{i}.array", "arrays cannot be nested in a list; list the jobs instead"
+                )
+            try:
+                specs.append(self._spec(item))
+            except InvalidSpecError as exc:
+                field, _, message = str(exc.message).partition(": ")
+                raise InvalidSpecError(f"{i}.{exc.field}", message or field) from None
+        self._write_array(sched, sched.submit_many(specs))
+
+    def _spec(self, body: Any) -> JobSpec:
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         if isinstance(body, dict):
             self.take_uploads(body)
-        job = sched.submit(parse_spec(body, user=self.username))
-        self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
-        self.write_model(sched.job_view(job), status=201)
+        return parse_spec(body, user=self.username)
+
+    def _write_array(self, sched: Any, jobs: list[Job]) -> None:
+        array_id = jobs[0].id
+        query = urllib.parse.urlencode({"array": array_id})
+        self.set_header("Location", url_path_join(self.base_url, API, "jobs") + "?" + query)
+        views = [sched.job_view(j, self.viewer) for j in jobs]
+        self.write_model(JobArray(array_id=array_id, jobs=views), status=201)
 
 
 class JobHandler(ApiHandler):
@@ -74,7 +136,7 @@ class JobHandler(ApiHandler):
     async def get(self, job_id: str) -> None:
         """The job's current record."""
         sched = await self.scheduler()
-        self.write_model(sched.job_view(sched.get_job(job_id_arg(job_id))))
+        self.write_model(sched.job_view(sched.get_job(job_id_arg(job_id)), self.viewer))
 
     @web.authenticated
     @authorized
@@ -82,7 +144,7 @@ class JobHandler(ApiHandler):
         """Cancel: queued jobs leave the queue, running ones are stopped."""
         sched = await self.scheduler()
         job = await sched.cancel(job_id_arg(job_id), user=self.username, admin=self.is_admin())
-        self.write_model(sched.job_view(job))
+        self.write_model(sched.job_view(job, self.viewer))
 
     @web.authenticated
     @authorized
@@ -96,11 +158,19 @@ class JobHandler(ApiHandler):
             admin=self.is_admin(),
             **change.model_dump(exclude_none=True),
         )
-        self.write_model(sched.job_view(job))
+        self.write_model(sched.job_view(job, self.viewer))
 
 
 class LogHandler(ApiHandler):
-    """A job's combined stdout/stderr: a slice, or followed until the job ends."""
+    """A job's combined stdout/stderr: a slice, or followed until the job ends.
+
+    A follow holds an SSH channel on the job's node for as long as it lasts, so it stops as
+    soon as its client goes (even while the job writes nothing), and each user holds at most
+    ``GpuSchedApp.max_follows_per_user`` at once.
+    """
+
+    _follow: asyncio.Task[None] | None = None
+    _gone = False
 
     @web.authenticated
     @authorized
@@ -123,14 +193,54 @@ class LogHandler(ApiHandler):
             self.set_header("X-Log-Offset", str(offset + len(data)))
             self.finish(data, set_content_type="text/plain; charset=utf-8")
             return
+        follows: dict[str, int] = self.settings.setdefault("gpusched_follows", {})
+        limit = int(self.settings.get("gpusched_max_follows", 4))
+        user = self.username
+        if follows.get(user, 0) >= limit:
+            raise TooManyError(
+                f"{user} already follows {limit} logs (GpuSchedApp.max_follows_per_user); "
+                "close one, or read with offset and limit"
+            )
+        follows[user] = follows.get(user, 0) + 1
+        self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
         try:
-            async with contextlib.aclosing(sched.follow_log(jid, offset=offset)) as chunks:
-                async for chunk in chunks:
-                    self.write(chunk)
-                    await self.flush()
+            await self._follow
         except StreamClosedError:
             return  # the client went away; nothing left to tell it
+        except asyncio.CancelledError:
+            if not self._gone:
+                raise
+            return
+        finally:
+            follows[user] -= 1
         self.finish(set_content_type="text/plain; charset=utf-8")
+
+    async def _pump(self, sched: Any, job_id: int, offset: int) -> None:
+        await self.flush()  # the status line now: the client knows the follow is on
+        async with contextlib.aclosing(sched.follow_log(job_id, offset=offset)) as chunks:
+            async for chunk in chunks:
+                self.write(chunk)
+                await self.flush()
+
+    def on_connection_close(self) -> None:
+        """The client went away: stop following (its node channel is freed at once)."""
+        self._gone = True
+        if self._follow is not None:
+            self._follow.cancel()
+        super().on_connection_close()
+
+
+class JobEventsHandler(ApiHandler):
+    """``GET jobs/{id}/events``: the job's timeline (state changes with reasons), oldest first."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        """The job's events as its page shows them."""
+        sched = await self.scheduler()
+        jid = job_id_arg(job_id)
+        sched.get_job(jid)  # 404 for an unknown job
+        self.write_model(timeline(sched.store.list_events(job_id=jid, limit=MAX_EVENTS)))
 
 
 class LeasesHandler(ApiHandler):
@@ -147,7 +257,7 @@ class LeasesHandler(ApiHandler):
         user = None if who == "all" else self.username if who == "me" else who
         live = [JobState.QUEUED, JobState.STARTING, JobState.RUNNING]
         jobs, _ = sched.list_jobs(states=live, user=user, kind=JobKind.LEASE, limit=MAX_LIMIT)
-        self.write_model(LeaseList(leases=[sched.job_view(j) for j in jobs]))
+        self.write_model(LeaseList(leases=[sched.job_view(j, self.viewer) for j in jobs]))
 
 
 class LeaseHandler(ApiHandler):
@@ -162,13 +272,14 @@ class LeaseHandler(ApiHandler):
         if sched.get_job(jid).spec.kind is not JobKind.LEASE:
             raise NotFoundError(f"job {jid} is not a lease; cancel it with DELETE jobs/{jid}")
         job = await sched.cancel(jid, user=self.username, admin=self.is_admin())
-        self.write_model(sched.job_view(job))
+        self.write_model(sched.job_view(job, self.viewer))
 
 
 handlers: list[tuple[str, type]] = [
     (f"{API}/jobs", JobsHandler),
     (f"{API}/jobs/{ID}", JobHandler),
     (f"{API}/jobs/{ID}/log", LogHandler),
+    (f"{API}/jobs/{ID}/events", JobEventsHandler),
     (f"{API}/leases", LeasesHandler),
     (f"{API}/leases/{ID}", LeaseHandler),
 ]

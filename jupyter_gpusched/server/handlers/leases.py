@@ -57,7 +57,7 @@ class LeaseKernelHandler(ApiHandler):
         self.write_model(
             LeaseKernel(
                 connection=KernelConnection(**connection),
-                lease=sched.job_view(job),
+                lease=sched.job_view(job, self.viewer),
                 generation=generation,
             )
         )

@@ -97,7 +97,7 @@ class NotebooksHandler(_NotebookApi):
         else:
             where = url_path_join(self.base_url, API, "definitions", str(definition.id))
         self.set_header("Location", where)
-        view = None if job is None else plugin.scheduler.job_view(job)
+        view = None if job is None else plugin.scheduler.job_view(job, self.viewer)
         self.write_model(NotebookSubmitted(job=view, definition=definition), status=201)
 
 
@@ -115,6 +115,7 @@ class DefinitionsHandler(_NotebookApi):
         limit = self.query_int("limit", 100, 0, MAX_LIMIT)
         offset = self.query_int("offset", 0, 0, MAX_OFFSET)
         items, total = plugin.definitions.list(user=user or None, limit=limit, offset=offset)
+        items = [d.seen_by(self.viewer) for d in items]
         self.write_model(DefinitionList(definitions=items, total=total, limit=limit, offset=offset))
 
     @web.authenticated
@@ -137,7 +138,8 @@ class DefinitionHandler(_NotebookApi):
     async def get(self, definition_id: str) -> None:
         """The definition with its latest firings."""
         plugin = await self.plugin()
-        self.write_model(plugin.definitions.get(_definition_id(definition_id)))
+        definition = plugin.definitions.get(_definition_id(definition_id))
+        self.write_model(definition.seen_by(self.viewer))
 
     @web.authenticated
     @authorized
@@ -153,7 +155,7 @@ class DefinitionHandler(_NotebookApi):
             admin=self.is_admin(),
             **change.model_dump(exclude_none=True),
         )
-        self.write_model(definition)
+        self.write_model(definition.seen_by(self.viewer))
 
     @web.authenticated
     @authorized
@@ -163,7 +165,7 @@ class DefinitionHandler(_NotebookApi):
         definition = plugin.definitions.delete(
             _definition_id(definition_id), user=self.username, admin=self.is_admin()
         )
-        self.write_model(definition)
+        self.write_model(definition.seen_by(self.viewer))
 
 
 class JobOutputHandler(_NotebookApi):

@@ -1,0 +1,107 @@
+"""The service killed with kill -9 at random moments while 200 jobs run: both stores, both windows.
+
+The full-size run of ``tests/test_chaos.py``: the simulated nodes in a process of their own, one
+``jupyter gpusched service`` on a SQLite file or a throw-away PostgreSQL, the lab's day or
+night rules in force, 200 batch jobs of 0.2-4 s on 1, 2 or 4 GPUs with ``retries=2``, and the
+service killed with kill -9 (half of the kills the moment a job is being launched) and started
+again at once. Prints one table row per store and window: jobs lost, run twice, wrong final
+states, GPUs held at the end with nothing running, GPU overlaps, and the time from restart to
+the API answering (median / max).
+
+Run: ``.venv/bin/python bench/chaos.py [--jobs 200] [--kills 8] [--seed 1] [--only sqlite-day]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _fixtures_chaos import run_chaos  # noqa: E402
+from _fixtures_failover import SimNodes, kill_leftovers  # noqa: E402
+from _fixtures_postgres import _Cluster, _find_bindir  # noqa: E402
+
+HEADER = (
+    "| store | window | jobs | kill -9 | lost | run twice | wrong final state | GPUs held "
+    "| GPU overlaps | restart → answering (median / max) | of which scheduler start | run |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=200)
+    p.add_argument("--kills", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only", help="one of sqlite-day, sqlite-night, postgres-day, postgres-night")
+    args = p.parse_args(argv)
+    combos = [(s, w) for s in ("sqlite", "postgres") for w in ("day", "night")]
+    if args.only:
+        combos = [c for c in combos if "-".join(c) == args.only]
+    root = Path(tempfile.mkdtemp(prefix="gpusched-chaos-"))
+    pg = None
+    if any(s == "postgres" for s, _ in combos):
+        bindir = _find_bindir()
+        if bindir is None:
+            print("needs Debian's postgresql (make system-deps)", file=sys.stderr)
+            return 2
+        pg = _Cluster(bindir)
+        pg.start()
+    print(HEADER, flush=True)
+    clean = True
+    try:
+        for n, (store, window) in enumerate(combos):
+            run = root / f"{store}-{window}"
+            run.mkdir()
+            nodes = SimNodes(run / "nodes")
+            try:
+                if store == "sqlite":
+                    url = f"sqlite:///{run / 'chaos.db'}"
+                else:
+                    assert pg is not None
+                    url = _database(pg.url, f"chaos_{window}")
+                report = run_chaos(
+                    run / "chaos",
+                    store_url=url,
+                    store=store,
+                    window=window,
+                    nodes=nodes.nodes,
+                    jobs=args.jobs,
+                    kills=args.kills,
+                    seed=args.seed + n,
+                    runtime_s=(0.2, 4.0),
+                    timeout_s=1200.0,
+                )
+            finally:
+                nodes.stop()
+                kill_leftovers(run / "chaos" / "runs")
+            print(report.line(), flush=True)
+            if not report.clean:
+                clean = False
+                for job_id, story in report.details.items():
+                    print(f"  job {job_id}:", *story, sep="\n    ", flush=True)
+    finally:
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if clean else 1
+
+
+def _database(server_url: str, name: str) -> str:
+    """A fresh database on the throw-away server."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    server = make_url(server_url)
+    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return server.set(database=name).render_as_string(hide_password=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Submissions per second through ``POST jobs``, with an empty queue and a long one, and bulk.
+
+Starts ``jupyter server`` (only jupyter-gpusched, the default simulated cluster, a SQLite store)
+and measures, in one run:
+
+- REST submissions per second, one client and ``--clients`` clients (threads, one job per
+  request), with an empty queue (it holds the jobs of the figures before: at most
+  2 x rounds x submits) and again with ``--queued`` jobs waiting (queued jobs wait
+  for a far ``not_before``, so nothing runs and the queue stays as long as it is);
+- a bulk submit: ``array: N`` in one request, jobs per second (median of ``--rounds``);
+- when Slurm works on this machine (``tests/_fixtures_slurm``: Debian's slurmctld + slurmd on
+  loopback), plain ``sbatch --hold`` side by side: one and ``--clients`` at once, and
+  ``sbatch --array``; otherwise a line says why it was skipped.
+
+Ratios are of figures from this same run. Run:
+``.venv/bin/python bench/submit.py [--submits 300] [--clients 8] [--queued 3000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _server import TOKEN, start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from jupyter_gpusched.client.api import GpuSchedClient  # noqa: E402
+
+FAR_FUTURE = "2099-01-01T00:00:00+00:00"
+SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": FAR_FUTURE}
+
+
+def rate(n: int, clients: int, submit_one: Callable[[], object]) -> float:
+    """Jobs per second for ``n`` submissions made by ``clients`` threads."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda _: submit_one(), range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def rest(client: GpuSchedClient, n: int, clients: int, rounds: int) -> float:
+    """Median over ``rounds`` of REST submissions per second."""
+    return statistics.median(rate(n, clients, lambda: client.submit(SPEC)) for _ in range(rounds))
+
+
+def bulk(client: GpuSchedClient, n: int, rounds: int) -> float:
+    """Median over ``rounds`` of jobs per second queued by one ``array: n`` request."""
+    rates = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        answer = client.submit_array(n, SPEC)
+        rates.append(len(answer.jobs) / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def slurm(n: int, clients: int, array: int, rounds: int) -> dict[str, float] | None:
+    """Plain sbatch figures on a loopback Slurm cluster, or None (a line says why)."""
+    from _fixtures_slurm import SlurmCluster, slurm_missing_reason
+
+    reason = slurm_missing_reason()
+    if reason:
+        print(f"sbatch: skipped ({reason})")
+        return None
+    base = Path(tempfile.mkdtemp(prefix="gpusched-bench-sbatch-"))
+    base.chmod(0o755)
+    cluster = SlurmCluster(base).start()
+    argv = ["sbatch", "--parsable", "--hold", "--mem=10M", f"--output={base}/%j.out"]
+    argv += ["--wrap", "true"]
+
+    def one() -> None:
+        subprocess.run(argv, env=cluster.env, check=True, capture_output=True)
+
+    array = min(array, 1000)  # Slurm's default MaxArraySize is 1001
+
+    def arr() -> float:
+        t0 = time.perf_counter()
+        subprocess.run([*argv[:2], f"--array=0-{array - 1}", *argv[2:]], env=cluster.env,
+                       check=True, capture_output=True)  # fmt: skip
+        return array / (time.perf_counter() - t0)
+
+    try:
+        out = {
+            "1": statistics.median(rate(n, 1, one) for _ in range(rounds)),
+            str(clients): statistics.median(rate(n, clients, one) for _ in range(rounds)),
+        }
+        cluster.cancel_all()
+        out["array"] = statistics.median(arr() for _ in range(rounds))
+        out["array_size"] = array
+        cluster.cancel_all()
+        return out
+    finally:
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--submits", type=int, default=300, help="REST submits per figure")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--queued", type=int, default=3000, help="queue length of the 2nd run")
+    parser.add_argument("--array", type=int, default=5000, help="jobs per bulk submit")
+    parser.add_argument("--rounds", type=int, default=3, help="medians of this many")
+    args = parser.parse_args(argv)
+    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          f"on {os.cpu_count()} CPUs")  # fmt: skip
+    peer = slurm(args.submits, args.clients, args.array, args.rounds)
+
+    root = Path(tempfile.mkdtemp(prefix="gpusched-bench-submit-"))
+    proc, url, _ = start_server(root)
+    try:
+        client = GpuSchedClient(url, TOKEN)
+        client.submit(SPEC)  # warm the server's first-request paths
+        figures = {}
+        for clients in (1, args.clients):
+            figures[("empty", clients)] = rest(client, args.submits, clients, args.rounds)
+        # Fill the queue to --queued waiting jobs (bulk: it is quick), then measure again.
+        waiting = client.list_jobs(state="queued", limit=0).total
+        while waiting < args.queued:
+            waiting += len(client.submit_array(min(5000, args.queued - waiting), SPEC).jobs)
+        before = {"empty": 0, "queued": waiting}
+        for clients in (1, args.clients):
+            figures[("queued", clients)] = rest(client, args.submits, clients, args.rounds)
+        bulk_rate = bulk(client, args.array, args.rounds)  # last: it lengthens the queue
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+    print(f"\nREST submissions per second ({args.submits} per figure, median of {args.rounds}):")
+    for clients in (1, args.clients):
+        empty, full = figures[("empty", clients)], figures[("queued", clients)]
+        line = f"  {clients} client(s): empty queue {empty:7.1f}/s"
+        line += f"   with {before['queued']}+ queued {full:7.1f}/s"
+        line += f"   (long / empty = {full / empty:.2f})"
+        if peer:
+            line += f"   sbatch {peer[str(clients)]:7.1f}/s (ours / sbatch = "
+            line += f"{empty / peer[str(clients)]:.2f})"
+        print(line)
+    line = f"bulk submit, array of {args.array} in one request: {bulk_rate:9.0f} jobs/s"
+    if peer:
+        line += f"   sbatch --array of {peer['array_size']:.0f}: {peer['array']:9.0f} tasks/s"
+        line += f" (ours / sbatch = {bulk_rate / peer['array']:.2f})"
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Bulk submits through a live Jupyter server: arrays (``array: N``) and lists of jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from _fixtures_server import conforms
+
+if TYPE_CHECKING:
+    from _fixtures_server import ApiClient
+
+FAR_FUTURE = "2099-01-01T00:00:00+00:00"
+PRINT_INDEX = [
+    sys.executable,
+    "-c",
+    "import os; print(os.environ['GPUSCHED_ARRAY_ID'], os.environ['GPUSCHED_ARRAY_INDEX'])",
+]
+
+
+async def test_an_array_runs_each_task_with_its_index_and_lists_by_its_id(gpusched: ApiClient):
+    resp = await gpusched.request(
+        "POST", "jobs", body={"kind": "script", "command": PRINT_INDEX, "gpus": 0, "array": 3}
+    )
+    assert resp.code == 201, resp.body
+    body = conforms(json.loads(resp.body), "JobArray")
+    ids = [j["id"] for j in body["jobs"]]
+    assert body["array_id"] == ids[0] and ids == sorted(ids) and len(ids) == 3
+    assert resp.headers["Location"].endswith(f"/gpusched/api/jobs?array={ids[0]}")
+    labels = [j["spec"]["labels"] for j in body["jobs"]]
+    assert labels == [{"array_id": str(ids[0]), "array_index": str(i)} for i in range(3)]
+
+    logs = []
+    for job_id in ids:
+        done = await gpusched.wait_state(job_id, "succeeded", "failed")
+        assert done["state"] == "succeeded", done
+        log = await gpusched.request("GET", "jobs", str(job_id), "log")
+        logs.append(log.body.decode())
+    assert logs == [f"{ids[0]} {i}\n" for i in range(3)]
+
+    listed = await gpusched.json("GET", "jobs", params={"array": str(ids[0])})
+    assert [j["id"] for j in listed["jobs"]] == ids and listed["total"] == 3
+
+
+async def test_a_list_of_jobs_is_queued_at_once_as_one_array(gpusched: ApiClient):
+    specs = [
+        {"kind": "script", "command": ["true"], "gpus": 1, "not_before": FAR_FUTURE},
+        {"kind": "script", "command": ["false"], "gpus": 2, "name": "two", "labels": {"a": "b"}},
+    ]
+    specs[1]["not_before"] = FAR_FUTURE
+    resp = await gpusched.request("POST", "jobs", body=specs)
+    assert resp.code == 201, resp.body
+    jobs = conforms(json.loads(resp.body), "JobArray")["jobs"]
+    assert [(j["spec"]["gpus"], j["spec"]["name"], j["user"]) for j in jobs] == [
+        (1, None, "alice"),
+        (2, "two", "alice"),
+    ]
+    assert jobs[1]["spec"]["labels"] == {
+        "a": "b",
+        "array_id": str(jobs[0]["id"]),
+        "array_index": "1",
+    }
+    assert jobs[1]["spec"]["env"]["GPUSCHED_ARRAY_INDEX"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"kind": "script", "command": ["true"], "array": 0}, "array", "from 1 to 10000"),
+        ({"kind": "script", "command": ["true"], "array": 10_001}, "array", "from 1 to 10000"),
+        ({"kind": "script", "command": ["true"], "array": "3"}, "array", "got '3'"),
+        ({"kind": "script", "command": ["true"], "array": True}, "array", "got True"),
+        ([], "body", "a list of 1 to 10000 jobs, got 0"),
+        ([{"kind": "script", "command": ["true"]}] * 10_001, "body", "got 10001"),
+        ([{"kind": "script", "command": ["true"]}, {"kind": "script"}], "1.command", "needs"),
+        ([{"kind": "script", "command": ["true"], "array": 2}], "0.array", "cannot be nested"),
+        ([{"kind": "script", "command": ["true"], "user": "bob"}], "0.user", "leave it out"),
+        ([{"kind": "script", "command": ["true"]}, 7], "1.body", "JSON object"),
+    ],
+)
+async def test_bad_bulk_submits_are_422_naming_what_to_fix_and_queue_nothing(
+    gpusched: ApiClient, body: Any, field: str, says: str
+):
+    before = (await gpusched.json("GET", "jobs", params={"limit": "0"}))["total"]
+    resp = await gpusched.request("POST", "jobs", body=body)
+    assert resp.code == 422, resp.body
+    error = conforms(json.loads(resp.body), "Error")
+    assert error["field"] == field and says in error["message"], error
+    assert (await gpusched.json("GET", "jobs", params={"limit": "0"}))["total"] == before
+
+
+async def test_a_bulk_submit_with_one_job_that_can_never_fit_queues_none(gpusched: ApiClient):
+    before = (await gpusched.json("GET", "jobs", params={"limit": "0"}))["total"]
+    specs = [
+        {"kind": "script", "command": ["true"], "not_before": FAR_FUTURE},
+        {"kind": "script", "command": ["true"], "gpus": 64},
+    ]
+    resp = await gpusched.request("POST", "jobs", body=specs)
+    error = json.loads(resp.body)
+    assert resp.code == 422 and error["error"] == "InfeasibleError", error
+    assert error["message"].startswith("job 1 of 2: this job can never fit")
+    assert (await gpusched.json("GET", "jobs", params={"limit": "0"}))["total"] == before

@@ -1,0 +1,410 @@
+"""GPU kernels: jupyter_client's kernel manager on the provisioner, against live servers.
+
+Most tests run the kernel manager here, as it runs inside a Jupyter server; the provisioner
+reaches the test server's gpusched API as it reaches its own server's. The ``*_in_the_server``
+tests start kernels through the server's own kernels API, so the provisioner runs in the
+server process (culling, activity). The kernel is a lease's remote ipykernel on the embedded
+cluster (g0: 4 A100, g1: 2 T4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import zmq.asyncio
+from _fixtures_live_server import api
+from _fixtures_server import ServerProcess
+from _fixtures_service import ServiceProcess, client_server
+from jupyter_client.manager import AsyncKernelManager
+from tornado import httpclient, websocket
+from traitlets.config import Config
+
+from jupyter_gpusched.client.provisioner import KERNEL_LABEL, GpuKernelError
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
+
+
+def manager(server: ServerProcess, kernel_name: str = "gpusched-1gpu", **kw: Any) -> Any:
+    """A kernel manager whose provisioner talks to ``server``."""
+    config = Config(
+        {"GpuLeaseProvisioner": {"url": server.url, "token": server.token, **kw.pop("cfg", {})}}
+    )
+    return AsyncKernelManager(kernel_name=kernel_name, config=config, **kw)
+
+
+async def run(kc: Any, code: str) -> tuple[str, dict[str, Any]]:
+    """Execute ``code``; what it printed and the reply's content."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(msg["content"]["ename"])
+
+    reply = await kc.execute_interactive(code, output_hook=hook, timeout=60)
+    return "".join(out), reply["content"]
+
+
+def lease_of(server: ServerProcess, kernel_id: str) -> dict[str, Any]:
+    """The newest lease labelled with ``kernel_id``."""
+    jobs = api(server, "GET", "jobs?kind=lease&limit=1000")["jobs"]
+    mine = [j for j in jobs if j["spec"]["labels"].get(KERNEL_LABEL) == kernel_id]
+    assert mine, f"no lease for kernel {kernel_id}"
+    return mine[-1]
+
+
+def live_leases(server: ServerProcess) -> list[dict[str, Any]]:
+    return api(server, "GET", "leases")["leases"]
+
+
+def start_server(root: Path, *, window: dict[str, Any], **config: Any) -> ServerProcess:
+    """A server on one policy window (no day/night surprises) and extra config sections."""
+    server = ServerProcess(root)
+    path = root / "config" / "jupyter_server_config.json"
+    settings = json.loads(path.read_text())
+    settings["GpuSchedPolicy"] = {"windows": [{"name": "all", **window}]}
+    settings.update(config)
+    path.write_text(json.dumps(settings))
+    return server.start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The server the kernel managers of this module's tests talk to."""
+    server = start_server(tmp_path_factory.mktemp("gpu-kernel"), window={})
+    yield server
+    server.stop()
+
+
+def write_notebook(path: Path, kernel: dict[str, Any] | None) -> Path:
+    """A notebook whose metadata asks its GPU kernel for ``kernel`` (None: nothing)."""
+    meta: dict[str, Any] = {"kernelspec": {"name": "gpusched-1gpu", "display_name": "GPU"}}
+    if kernel is not None:
+        meta["gpusched"] = {"kernel": kernel}
+    path.write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+async def start_for(server: ServerProcess, notebook: Path) -> Any:
+    """A GPU kernel started for ``notebook`` (as a server starts one for a session)."""
+    km = manager(server)
+    env = {**os.environ, "JPY_SESSION_NAME": str(notebook)}
+    await km.start_kernel(cwd=str(notebook.parent), env=env)
+    return km
+
+
+async def until(check: Any, timeout_s: float = 30.0, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest_asyncio.fixture
+async def started(server: ServerProcess, tmp_path: Path) -> AsyncIterator[Any]:
+    """A started GPU kernel and a client; shut down (and its lease released) afterwards."""
+    km = manager(server)
+    await km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=30)
+    yield km, kc
+    kc.stop_channels()
+    if km.has_kernel:
+        await km.shutdown_kernel(now=True)
+    assert live_leases(server) == []
+
+
+async def test_the_kernel_is_the_lease_s_remote_kernel_and_keeps_it_across_a_restart(
+    started: Any, server: ServerProcess
+) -> None:
+    km, kc = started
+    lease = lease_of(server, km.kernel_id)
+    assert (lease["state"], lease["spec"]["gpus"]) == ("running", 1)
+    assert lease["spec"]["lease_name"] == f"kernel-{km.kernel_id}"
+    out, _ = await run(
+        kc, "import os\ngpu_only_name = 41\nprint(os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    assert out.strip() == ",".join(lease["placement"]["gpu_uuids"])
+    out, _ = await run(kc, f"print(gpu_only_name + 1, os.getpid() != {os.getpid()})")
+    assert out == "42 True\n"
+    # IDE features are answered by the kernel that holds the data
+    reply = await kc.complete("gpu_only_na", reply=True, timeout=30)
+    assert reply["content"]["matches"] == ["gpu_only_name"]
+    pid, _ = await run(kc, "print(os.getpid())")
+
+    spin = asyncio.ensure_future(run(kc, "print('spinning', flush=True)\nwhile True: pass"))
+    await asyncio.sleep(1.0)
+    await km.interrupt_kernel()
+    out, reply = await spin
+    assert (out, reply["status"], reply["ename"]) == (
+        "spinning\nKeyboardInterrupt",
+        "error",
+        "KeyboardInterrupt",
+    )
+
+    await km.restart_kernel()
+    await kc.wait_for_ready(timeout=30)
+    out, _ = await run(kc, "import os\nprint('gpu_only_name' in dir(), os.getpid())")
+    gone, new_pid = out.split()
+    assert gone == "False" and new_pid != pid.strip()
+    again = lease_of(server, km.kernel_id)
+    assert (again["id"], again["state"]) == (lease["id"], "running")  # the same GPUs
+
+    await km.shutdown_kernel()
+    released = lease_of(server, km.kernel_id)
+    assert released["state"] in ("succeeded", "cancelled")
+    assert live_leases(server) == []
+
+
+async def test_a_manager_started_again_after_a_shutdown_takes_a_new_lease(
+    server: ServerProcess,
+) -> None:
+    # a manager on a shared context (as a server's are) outlives its kernel's shutdown
+    context = zmq.asyncio.Context()
+    km = manager(server, context=context)
+    try:
+        await km.start_kernel()
+        first = lease_of(server, km.kernel_id)
+        await km.shutdown_kernel(now=True)
+        await km.start_kernel()
+        second = lease_of(server, km.kernel_id)
+        assert second["id"] != first["id"] and second["state"] == "running"
+        assert api(server, "GET", f"jobs/{first['id']}")["state"] in ("succeeded", "cancelled")
+    finally:
+        if km.has_kernel:
+            await km.shutdown_kernel(now=True)
+        context.destroy(linger=0)
+    assert live_leases(server) == []
+
+
+async def test_the_notebook_picks_its_gpu_and_a_changed_request_takes_a_new_lease_on_restart(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    notebook = write_notebook(tmp_path / "t4.ipynb", {"gpu_models": ["T4"]})
+    km = await start_for(server, notebook)
+    try:
+        first = lease_of(server, km.kernel_id)
+        assert first["placement"]["node"] == "g1"  # the T4 node
+        assert first["spec"]["labels"]["gpusched.notebook"] == "t4.ipynb"
+        write_notebook(notebook, {"gpu_models": ["A100"], "gpu_mem_gb": "20G"})
+        await km.restart_kernel()
+        second = lease_of(server, km.kernel_id)
+        assert second["id"] != first["id"]
+        assert (second["placement"]["node"], second["spec"]["gpu_mem_gb"]) == ("g0", 20.0)
+        assert api(server, "GET", f"jobs/{first['id']}")["state"] == "cancelled"
+    finally:
+        await km.shutdown_kernel()
+    assert live_leases(server) == []
+
+
+async def test_a_waiting_kernel_says_where_it_stands_and_cancelling_its_lease_fails_the_start(
+    server: ServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # every GPU held by batch jobs that may run 10 minutes (this window preempts nothing)
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    specs = [{"kind": "script", "command": sleep, "gpus": n, "max_runtime_s": 600} for n in (4, 2)]
+    blockers = [api(server, "POST", "jobs", spec) for spec in specs]
+    for blocker in blockers:
+        await until(lambda b=blocker: api(server, "GET", f"jobs/{b['id']}")["state"] == "running")
+    notebook = write_notebook(tmp_path / "wait.ipynb", None)
+    caplog.set_level(logging.INFO)
+    starting = asyncio.ensure_future(start_for(server, notebook))
+    try:
+        waiting = await until(
+            lambda: [
+                j
+                for j in api(server, "GET", "jobs?kind=lease&state=queued")["jobs"]
+                if j["spec"]["labels"].get("gpusched.notebook") == "wait.ipynb"
+                and j["estimated_start"]
+            ],
+            what="the kernel's lease to wait with an expected start",
+        )
+        (lease,) = waiting
+        assert lease["position"] == 1 and lease["reason"].startswith("waiting: needs 1 GPU")
+        assert 500 < time_until(lease["estimated_start"]) <= 600  # the blockers' runtime
+        assert not starting.done()  # the kernel waits, saying where it stands:
+        await until(lambda: f"lease {lease['id']} queued, #1 in the queue" in caplog.text)
+        api(server, "DELETE", f"leases/{lease['id']}")
+        with pytest.raises(GpuKernelError) as failed:
+            await asyncio.wait_for(starting, 30)
+        assert str(failed.value).startswith(
+            f"GPU kernel not started: lease {lease['id']} cancelled"
+        )
+    finally:
+        starting.cancel()
+        for blocker in blockers:
+            api(server, "DELETE", f"jobs/{blocker['id']}")
+    await until(lambda: live_leases(server) == [], what="the leases to end")
+
+
+async def test_a_request_no_node_can_hold_fails_the_start_at_once(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    notebook = write_notebook(tmp_path / "huge.ipynb", {"gpus": 16})
+    with pytest.raises(GpuKernelError) as failed:
+        await start_for(server, notebook)
+    assert str(failed.value).startswith("no GPU kernel: this job can never fit")
+    notebook = write_notebook(tmp_path / "typo.ipynb", {"gpu": 2})
+    with pytest.raises(Exception, match=r"metadata\.gpusched\.kernel\.gpu: unknown field"):
+        await start_for(server, notebook)
+    assert live_leases(server) == []
+
+
+def time_until(iso: str) -> float:
+    from datetime import UTC, datetime
+
+    return (datetime.fromisoformat(iso) - datetime.now(UTC)).total_seconds()
+
+
+# ------------------------------------------------------------------ in the server
+
+
+def rest(server: ServerProcess, method: str, path: str, body: Any = None) -> Any:
+    """A call to the server's own REST API (kernels); None for empty answers."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        server.url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = resp.read()
+        return json.loads(data) if data else None
+
+
+async def execute_through_the_server(server: ServerProcess, kernel_id: str, code: str) -> str:
+    """Run ``code`` over the kernel's websocket, as JupyterLab does; what it printed."""
+    url = f"{server.url.replace('http', 'ws')}api/kernels/{kernel_id}/channels"
+    req = httpclient.HTTPRequest(url, headers={"Authorization": f"token {server.token}"})
+    conn = await websocket.websocket_connect(req)
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "session": uuid.uuid4().hex,
+              "username": "test", "version": "5.3", "date": "2026-11-23T09:00:00Z"}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": True, "allow_stdin": False}
+    await conn.write_message(
+        json.dumps(
+            {
+                "header": header,
+                "parent_header": {},
+                "metadata": {},
+                "content": content,
+                "channel": "shell",
+                "buffers": [],
+            }
+        )  # fmt: skip
+    )
+    out = []
+    try:
+        while True:
+            msg = json.loads(await asyncio.wait_for(conn.read_message(), 60))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out)
+    finally:
+        conn.close()
+
+
+def kernel_ids(server: ServerProcess) -> set[str]:
+    return {k["id"] for k in rest(server, "GET", "api/kernels")}
+
+
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Leases idle for 3 s are reclaimed; the provisioner looks and reports often."""
+    server = start_server(
+        tmp_path_factory.mktemp("idle"),
+        window={"lease_idle_timeout_s": 3},
+        GpuLeaseProvisioner={"watch_interval_s": 0.3, "touch_interval_s": 0.5},
+    )
+    yield server
+    server.stop()
+
+
+async def test_a_busy_kernel_keeps_its_lease_and_an_idle_one_is_reclaimed_and_culled_in_the_server(
+    idle_server: ServerProcess,
+) -> None:
+    kernel = rest(idle_server, "POST", "api/kernels", {"name": "gpusched-1gpu"})
+    lease = lease_of(idle_server, kernel["id"])
+    out = await execute_through_the_server(
+        idle_server,
+        kernel["id"],
+        "import os, time\ntime.sleep(5)\nprint(os.environ['CUDA_VISIBLE_DEVICES'])",
+    )
+    assert out.strip() == ",".join(lease["placement"]["gpu_uuids"])
+    # a running cell is use: 5 s busy did not count against the 3 s idle timeout
+    assert api(idle_server, "GET", f"jobs/{lease['id']}")["state"] == "running"
+    await until(lambda: kernel["id"] not in kernel_ids(idle_server), 30, "the kernel to be culled")
+    ended = api(idle_server, "GET", f"jobs/{lease['id']}")
+    assert ended["state"] == "cancelled" and "idle" in ended["reason"]
+    assert "reclaimed" in idle_server.log_text().split(f"lease {lease['id']} ended (")[1]
+
+
+@pytest.fixture(scope="module")
+def culling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Jupyter's own culler shuts kernels down after 3 s without use."""
+    server = start_server(
+        tmp_path_factory.mktemp("cull"),
+        window={},
+        MappingKernelManager={"cull_idle_timeout": 3, "cull_interval": 1},
+    )
+    yield server
+    server.stop()
+
+
+async def test_culling_a_gpu_kernel_in_the_server_releases_its_lease(
+    culling_server: ServerProcess,
+) -> None:
+    kernel = rest(culling_server, "POST", "api/kernels", {"name": "gpusched-1gpu-24gb"})
+    lease = lease_of(culling_server, kernel["id"])
+    assert (lease["state"], lease["spec"]["gpu_mem_gb"]) == ("running", 24.0)
+    await until(lambda: kernel["id"] not in kernel_ids(culling_server), 30, "the culler")
+    ended = api(culling_server, "GET", f"jobs/{lease['id']}")
+    assert ended["state"] in ("cancelled", "succeeded")
+    assert live_leases(culling_server) == []
+
+
+# ------------------------------------------------------------------ the lab-wide service
+
+
+async def test_a_gpu_kernel_through_a_client_mode_server_runs_on_the_service_s_cluster(
+    tmp_path: Path,
+) -> None:
+    service = ServiceProcess(tmp_path / "service").start()
+    alice = client_server(tmp_path / "alice", service, service.mint("alice")).start()
+    try:
+        km = manager(alice)
+        await km.start_kernel(cwd=str(alice.root))
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=30)
+        lease = lease_of(alice, km.kernel_id)
+        assert lease["user"] == "alice"
+        out, _ = await run(kc, "import os\nprint(os.environ['CUDA_VISIBLE_DEVICES'])")
+        assert out.strip() == ",".join(lease["placement"]["gpu_uuids"])
+        kc.stop_channels()
+        await km.shutdown_kernel()
+        held = service.api("GET", "leases?user=all", token=service.admin_token)["leases"]
+        assert held == []
+    finally:
+        alice.stop()
+        service.stop()

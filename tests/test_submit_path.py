@@ -1,0 +1,124 @@
+"""What a submit costs the store: the same few statements and no job rows read, however long
+the queue; and a burst of submits wakes one scheduling pass, not one each."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from _fixtures_scheduler import Harness, mem_harness
+from sqlalchemy import event
+
+from jupyter_gpusched.core.models import JobState, parse_spec
+from jupyter_gpusched.store.orm import JobRow
+
+__all__ = ["mem_harness"]  # the fixture, imported for its tests
+
+pytestmark = pytest.mark.asyncio
+
+
+@dataclass
+class Reads:
+    """Statements this thread sent to the store, and job rows it read back."""
+
+    statements: list[str] = field(default_factory=list)
+    job_rows: int = 0
+
+
+@contextmanager
+def counting(engine: Any) -> Iterator[Reads]:
+    """Count this thread's statements and loaded job rows (the loop's lease thread aside)."""
+    reads, me = Reads(), threading.get_ident()
+
+    def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if threading.get_ident() == me:
+            reads.statements.append(" ".join(statement.split()))
+
+    def on_load(target: Any, context: Any) -> None:
+        if threading.get_ident() == me:
+            reads.job_rows += 1
+
+    event.listen(engine, "before_cursor_execute", on_statement)
+    event.listen(JobRow, "load", on_load)
+    try:
+        yield reads
+    finally:
+        event.remove(engine, "before_cursor_execute", on_statement)
+        event.remove(JobRow, "load", on_load)
+
+
+def one_submit(h: Harness) -> Reads:
+    spec = parse_spec({"kind": "script", "command": ["true"], "gpus": 1, "user": "alice"})
+    with counting(h.sched.store.engine) as reads:
+        h.sched.submit(spec)
+    return reads
+
+
+async def test_a_submit_reads_no_job_rows_and_sends_the_same_statements_with_3000_queued(
+    mem_harness: Harness,
+) -> None:
+    one_submit(mem_harness)  # warm: the admission answer for this shape is kept
+    empty = one_submit(mem_harness)
+
+    later = (mem_harness.clock.now() + timedelta(days=365)).isoformat()
+    filler = parse_spec({"kind": "script", "command": ["true"], "user": "bob", "not_before": later})
+    mem_harness.sched.store.add_jobs([filler] * 3000)
+    _, queued = mem_harness.sched.store.list_jobs(states=[JobState.QUEUED], limit=0)
+    assert queued >= 3000
+    full = one_submit(mem_harness)
+
+    assert full.job_rows == empty.job_rows == 0
+    assert full.statements == empty.statements
+    selects = [s for s in full.statements if s.startswith("SELECT")]
+    assert not any(" FROM jobs" in s for s in selects), selects
+    assert len(full.statements) <= 4, full.statements  # BEGIN, job, event (+ lease fence)
+
+
+async def test_a_burst_of_submits_wakes_one_pass(mem_harness: Harness) -> None:
+    passes = 0
+    tick = mem_harness.sched.tick
+
+    async def counted() -> None:
+        nonlocal passes
+        passes += 1
+        await tick()
+
+    mem_harness.sched.tick = counted  # type: ignore[method-assign]
+    await asyncio.sleep(0.2)  # the loop settles after start
+    before = passes
+    spec = parse_spec({"kind": "script", "command": ["true"], "gpus": 0, "user": "alice"})
+    for _ in range(50):
+        mem_harness.sched.submit(spec)
+    await asyncio.sleep(0.3)
+    assert 1 <= passes - before <= 2, passes - before
+
+
+async def test_a_pass_writes_a_thousand_waiting_reasons_in_one_transaction(
+    mem_harness: Harness,
+) -> None:
+    later = (mem_harness.clock.now() + timedelta(days=365)).isoformat()
+    filler = parse_spec({"kind": "script", "command": ["true"], "user": "bob", "not_before": later})
+    ids = [job.id for job in mem_harness.sched.store.add_jobs([filler] * 1000)]
+    begins: list[str] = []
+
+    def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("BEGIN"):
+            begins.append(statement)
+
+    engine = mem_harness.sched.store.engine
+    event.listen(engine, "before_cursor_execute", on_statement)
+    try:
+        await mem_harness.sched.tick()
+    finally:
+        event.remove(engine, "before_cursor_execute", on_statement)
+    jobs, _ = mem_harness.sched.store.list_jobs(states=[JobState.QUEUED], limit=2000)
+    waiting = {j.id: j.reason for j in jobs}
+    assert all((waiting[i] or "").startswith("waiting: not before") for i in ids), waiting[ids[0]]
+    writes = [b for b in begins if "IMMEDIATE" in b.upper()]
+    assert 1 <= len(writes) <= 3, begins  # not one write per waiting job
