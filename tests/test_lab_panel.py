@@ -5,6 +5,7 @@ Every test saves a screenshot to ``test-artifacts/``.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -462,3 +463,67 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
     finally:
         for job_id in jobs:
             call(page, lab_server, "DELETE", f"gpusched/api/jobs/{job_id}")
+
+
+def test_submit_dialog_saves_first_prefills_parameters_offers_limits_and_validates(
+    lab_page: Any, lab_server: LabServer
+) -> None:
+    page = lab_page
+    nb = json.loads(notebook('lr = 0.1\nepochs = 3\ntag = "base"', 'print(f"lr={lr} tag={tag}")'))
+    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
+    (lab_server.root / "tune.ipynb").write_text(json.dumps(nb))
+    show_sidebar(page, "filebrowser")
+    page.locator(".jp-DirListing-item", has_text="tune.ipynb").first.dblclick()
+    # An edit the user has not saved: the job must run it, not the file's older content.
+    editor = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(1).locator(".cm-content")
+    editor.click()
+    page.keyboard.press("Control+End")
+    page.keyboard.insert_text('\nprint("edited before saving")')
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-dirty", has_text="tune").wait_for()
+    button = page.locator(".jp-NotebookPanel:visible .jp-gpusched-submit-button")
+
+    button.click()
+    dialog = page.locator(".jp-Dialog")
+    assert dialog.locator("textarea[name=parameters]").input_value() == (
+        "lr=0.1\nepochs=3\ntag=base"
+    )
+    assert dialog.locator("input[name=name]").input_value() == "tune"
+    assert (
+        "saved before it is submitted" in dialog.locator(".jp-gpusched-submit-unsaved").inner_text()
+    )
+    models = dialog.locator("select[name=gpu_model] option").all_inner_texts()
+    assert models[0] == "any" and len(models) > 1, models
+    # 0 GPUs, or a runtime that is not a duration, says what to fix and cannot be submitted.
+    problem = dialog.locator(".jp-gpusched-submit-problem")
+    submit = dialog.locator(".jp-mod-accept")
+    dialog.locator("input[name=gpus]").fill("0")
+    assert problem.inner_text() == "GPUs must be a whole number from 1 to 64"
+    assert submit.is_disabled()
+    screenshot(page, "lab-submit-dialog-refuses-0-gpus")
+    dialog.locator("input[name=gpus]").fill("1")
+    dialog.locator("input[name=max_runtime]").fill("soon")
+    assert "write it like 90m, 2h or 1h30m" in problem.inner_text()
+    assert submit.is_disabled()
+    dialog.locator("input[name=max_runtime]").fill("10m")
+    assert problem.inner_text() == ""
+    assert submit.is_enabled()
+    dialog.locator("input[name=name]").fill("tune lr 0.5")
+    dialog.locator("select[name=gpu_model]").select_option(index=1)
+    model_name = models[1]
+    assert "edited before saving" not in (lab_server.root / "tune.ipynb").read_text()
+    job_id = fill_submit_dialog(page, gpus=1, mem_gb=None, parameters="lr=0.5\ntag=tuned")
+
+    assert "edited before saving" in (lab_server.root / "tune.ipynb").read_text()
+    spec = lab_server.api(f"gpusched/api/jobs/{job_id}")["spec"]
+    assert (spec["name"], spec["max_runtime_s"], spec["gpu_models"]) == (
+        "tune lr 0.5",
+        600,
+        [model_name],
+    )
+    page.wait_for_selector(
+        f'.jp-gpusched-job-row[data-job-id="{job_id}"][data-state="succeeded"]',
+        timeout=RUN_TIMEOUT_MS,
+    )
+    ran = output_notebook(lab_server, job_id).read_text()
+    assert "lr=0.5 tag=tuned" in ran and "edited before saving" in ran
+    screenshot(page, "lab-submit-dialog-named-run")

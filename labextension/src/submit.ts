@@ -2,7 +2,7 @@
 import { Widget } from '@lumino/widgets';
 import { h } from './dom';
 import { parseDuration } from './format';
-import { parseParameters, SubmitInputError, When } from './request';
+import { buildNotebookRequest, parseParameters, SubmitInputError, When } from './request';
 
 /** Raw choices of the dialog, parsed into request input by the caller. */
 export interface ISubmitChoice {
@@ -65,10 +65,16 @@ export class SubmitForm extends Widget {
     placeholder: '0 22 * * 1-5'
   });
 
+  /** What to fix before Submit can be pressed; its `jp-mod-error` class disables the button. */
+  private problem = h('p', { className: 'jp-gpusched-submit-problem' });
+
   constructor(options: ISubmitFormOptions) {
     super();
     this.addClass('jp-gpusched-submit');
     const { path, tonight, timezone } = options;
+    // Checked as the user types; the line says what to fix and its `jp-mod-error` keeps the
+    // dialog's Submit disabled.
+    this.node.addEventListener('input', () => this.check(path));
     this.name.value = (path.split('/').pop() ?? path).replace(/\.ipynb$/, '');
     this.params.value = options.parameters;
     this.model.append(
@@ -93,6 +99,7 @@ export class SubmitForm extends Widget {
             )
           ]
         : []),
+      this.problem,
       h('label', {}, 'Name ', this.name),
       h('label', {}, 'GPUs ', this.gpus),
       h('label', {}, 'GPU memory per GPU (GB) ', this.mem),
@@ -119,6 +126,28 @@ export class SubmitForm extends Widget {
         this.cron
       )
     );
+  }
+
+  private check(path: string): void {
+    let message = '';
+    const value = this.getValue();
+    if ('error' in value) {
+      message = value.error;
+    } else {
+      try {
+        buildNotebookRequest({ path, ...value }, null);
+      } catch (err) {
+        message = (err as Error).message;
+      }
+    }
+    this.problem.textContent = message;
+    const before = this.problem.classList.contains('jp-mod-error');
+    if (this.problem.classList.toggle('jp-mod-error', message !== '') === before) {
+      return;
+    }
+    // The dialog checked this same event (it listens on the document, capturing) before this
+    // ran: ask it to look again. The event starts at the document, so it does not come back here.
+    document.dispatchEvent(new Event('input'));
   }
 
   /** The choices, or the advice on a field that cannot be read. */
