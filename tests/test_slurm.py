@@ -22,6 +22,7 @@ import pytest_asyncio
 from _fixtures_slurm import NODE, SlurmCluster
 
 from jupyter_gpusched.cluster.base import JobStatus
+from jupyter_gpusched.cluster.portforward import ProcessForward
 from jupyter_gpusched.cluster.slurm import SlurmBackend, commands
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.core.errors import NodeRefusedError
@@ -302,7 +303,7 @@ async def test_a_lease_kernel_is_reached_over_ssh_when_nodes_name_the_slurm_node
         assert reply["content"]["status"] == "ok"
         printed = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
         assert printed.strip() == ",".join(map(str, status.gpu_indices or ()))
-        assert all(f.__class__.__name__ == "Forward" for f in bridge._kernels[job.id].forwards)
+        assert all(isinstance(f, ProcessForward) for f in bridge._kernels[job.id].forwards)
     finally:
         if client is not None:
             client.stop_channels()

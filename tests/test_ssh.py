@@ -340,6 +340,51 @@ async def test_a_local_port_is_forwarded_to_the_node(backend: SshBackend) -> Non
 
 
 @pytest.mark.asyncio
+async def test_forwards_run_in_their_own_process_end_with_a_dropped_node_and_come_back(
+    server: InProcessSshServer, backend: SshBackend
+) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"pong:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    async def ping(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"ping\n")
+        answer = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+        return answer
+
+    service = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = service.sockets[0].getsockname()[1]
+    first = await backend.forward_local_ports(
+        "n0", [("127.0.0.1", port, 0), ("127.0.0.1", port, 0)]
+    )
+    try:
+        # The bytes are relayed by a child process: nothing of the forward is on this loop.
+        assert len(server.conns) == 2  # the pool's connection and the forwarder's own
+        assert [await ping(f.local_port) for f in first] == [b"pong:ping\n"] * 2
+        await server.stop()
+        async with asyncio.timeout(30):
+            await first[0].wait_closed()
+        await server.start()
+        again = await backend.forward_local_ports(
+            "n0", [("127.0.0.1", port, f.local_port) for f in first]
+        )
+        assert [f.local_port for f in again] == [f.local_port for f in first]
+        assert await ping(again[1].local_port) == b"pong:ping\n"
+        again[0].close()
+        async with asyncio.timeout(10):
+            await again[1].wait_closed()  # they live and end together
+    finally:
+        for f in first:
+            f.close()
+        service.close()
+        await service.wait_closed()
+
+
+@pytest.mark.asyncio
 async def test_files_go_up_and_come_back_by_sftp(
     server: InProcessSshServer, backend: SshBackend, tmp_path: Path
 ) -> None:

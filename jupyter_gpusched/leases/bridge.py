@@ -82,11 +82,16 @@ class _LeaseKernel:
     def forwards_alive(self) -> bool:
         return bool(self.forwards) and not any(getattr(f, "_gone", False) for f in self.forwards)
 
-    def close_forwards(self) -> None:
-        for forward in self.forwards:
+    async def close_forwards(self) -> None:
+        """Close the forwards and wait until their ports are free to listen on again."""
+        forwards, self.forwards = self.forwards, []
+        for forward in forwards:
             with contextlib.suppress(Exception):
                 forward.close()
-        self.forwards = []
+        for forward in forwards:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await forward.wait_closed()
 
 
 class KernelBridge:
@@ -98,7 +103,7 @@ class KernelBridge:
         The scheduler whose leases are bridged (for job records and the end hook).
     backend
         An :class:`~jupyter_gpusched.cluster.ssh.SshBackend` (``kernel_connection``,
-        ``remove_file``, ``forward_local_port``).
+        ``remove_file``, ``forward_local_ports``).
     connect_timeout_s
         How long to wait for a freshly started kernel to write its connection file.
     listen_ip
@@ -176,24 +181,12 @@ class KernelBridge:
 
     async def _forward(self, lk: _LeaseKernel) -> None:
         """Forward the five ports, onto the same local ports as before when there were any."""
-        lk.close_forwards()
+        await lk.close_forwards()
         host = str(lk.remote.get("ip") or "127.0.0.1")
-        forwards = []
-        try:
-            for key in PORT_KEYS:
-                forward = await self.backend.forward_local_port(
-                    lk.node,
-                    host,
-                    int(lk.remote[key]),
-                    local_port=lk.local_ports.get(key, 0),
-                    listen_host=lk.ip,
-                )
-                forwards.append(forward)
-                lk.local_ports[key] = forward.local_port
-        except BaseException:
-            for forward in forwards:
-                forward.close()
-            raise
+        targets = [(host, int(lk.remote[key]), lk.local_ports.get(key, 0)) for key in PORT_KEYS]
+        forwards = await self.backend.forward_local_ports(lk.node, targets, listen_host=lk.ip)
+        for key, forward in zip(PORT_KEYS, forwards, strict=True):
+            lk.local_ports[key] = forward.local_port
         lk.forwards = forwards
         lk.generation += 1
         if lk.watcher is not None:
@@ -221,9 +214,10 @@ class KernelBridge:
         lk = self._kernels.pop(job_id, None)
         if lk is None:
             return
-        lk.close_forwards()
         if lk.watcher is not None:
             lk.watcher.cancel()
+        await lk.close_forwards()
+        if lk.watcher is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await lk.watcher
 

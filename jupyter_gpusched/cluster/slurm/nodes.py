@@ -1,6 +1,6 @@
 """The node side of the Slurm backend: logs, files and lease kernels' ports.
 
-What the plugins ask a backend for beyond the job protocol (``run``, ``forward_local_port``,
+What the plugins ask a backend for beyond the job protocol (``run``, ``forward_local_ports``,
 ``node_config``, ``fetch_file``, ``kernel_connection``, ``remove_file``), and the job logs.
 Files are on the filesystem the service shares with the nodes; a node named in the app's
 ``nodes`` is reached over SSH instead (lease kernels on nodes whose address the service cannot
@@ -98,21 +98,20 @@ class NodeSide:
             raise BackendError(f"{argv[0]} exited with {result.exit_status}: {result.stderr}")
         return result
 
-    async def forward_local_port(
+    async def forward_local_ports(
         self,
         node: str,
-        remote_host: str,
-        remote_port: int,
+        targets: Sequence[tuple[str, int, int]],
         *,
-        local_port: int = 0,
         listen_host: str = "127.0.0.1",
-    ) -> Any:
-        """A local port reaching a node's port: an SSH forward, or a relay to its address."""
+    ) -> list[Any]:
+        """Local ports reaching a node's ports: SSH forwards, or relays to its address."""
         if self._over_ssh(node):
-            return await self._ssh.forward_local_port(
-                node, remote_host, remote_port, local_port=local_port, listen_host=listen_host
-            )
-        return await Relay.open(node, listen_host, local_port, remote_host, remote_port)
+            return await self._ssh.forward_local_ports(node, targets, listen_host=listen_host)
+        return [
+            await Relay.open(node, listen_host, local_port, remote_host, remote_port)
+            for remote_host, remote_port, local_port in targets
+        ]
 
     async def fetch_file(self, job: Job, remote: str, local: str) -> None:
         """Copy a file of the job's dir (shared filesystem) to ``local``, read as its owner."""

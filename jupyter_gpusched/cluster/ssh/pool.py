@@ -29,6 +29,7 @@ from jupyter_gpusched.core.errors import AccountError, BackendError, HostKeyErro
 from jupyter_gpusched.core.units import format_duration_s
 
 from ..base import NodeInventory
+from ..portforward import Forwarder, ProcessForward
 from .config import Forward, NodeConfig, RemoteResult, check_account
 
 
@@ -172,8 +173,8 @@ class NodePool:
                 st.users[login] = conn
             return conn
 
-    async def _open(self, st: _Node, login: str | None) -> Any:
-        """A new connection as the scheduler (``login`` None) or as an owner (ssh mode)."""
+    def _options(self, st: _Node, login: str | None) -> dict[str, Any]:
+        """``asyncssh.connect`` options for ``login`` (None: the scheduler's own), once due."""
         cfg = st.cfg
         wait_s = st.retry_at - self._clock.monotonic()
         if wait_s > 0:
@@ -209,6 +210,13 @@ class NodePool:
                 options["username"] = cfg.username
             if cfg.client_keys:
                 options["client_keys"] = list(cfg.client_keys)
+        return options
+
+    async def _open(self, st: _Node, login: str | None) -> Any:
+        """A new connection as the scheduler (``login`` None) or as an owner (ssh mode)."""
+        cfg = st.cfg
+        options = self._options(st, login)
+        known_hosts = options["known_hosts"]
         try:
             conn = await asyncssh.connect(cfg.host, **options)
         except asyncssh.HostKeyNotVerifiable as exc:
@@ -437,6 +445,24 @@ class NodePool:
             except (asyncssh.SFTPError, FileNotFoundError) as exc:
                 raise BackendError(f"node {node}: download {remote} -> {local}: {exc}") from None
 
+    async def forward_local_ports(
+        self,
+        node: str,
+        targets: Sequence[tuple[str, int, int]],
+        *,
+        listen_host: str = "127.0.0.1",
+    ) -> list[ProcessForward]:
+        """Listen on ``listen_host`` and forward each ``(remote_host, remote_port, local_port)``.
+
+        A local port of 0 picks a free one. The forwards run in one child process with its own
+        connection (see :mod:`..portforward`): a kernel's traffic costs this loop nothing. They
+        die together, with that connection; forward again onto the same local ports.
+        """
+        st = self._node(node)
+        await self._connect(st)  # reachable, and its key trusted: the errors that say why
+        options = self._options(st, None)
+        return await Forwarder.start(node, st.cfg.host, options, listen_host, list(targets))
+
     async def forward_local_port(
         self,
         node: str,
@@ -445,23 +471,10 @@ class NodePool:
         *,
         local_port: int = 0,
         listen_host: str = "127.0.0.1",
-    ) -> Forward:
-        """Listen on ``listen_host``:``local_port`` (0 = any) and forward to the node's side.
-
-        Forwards die with their connection; after a reconnect, forward again onto the same
-        local ports.
-        """
-        st = self._node(node)
-        conn = await self._connect(st)
-        try:
-            listener = await conn.forward_local_port(
-                listen_host, local_port, remote_host, remote_port
-            )
-        except OSError as exc:
-            raise BackendError(
-                f"node {node}: cannot listen on {listen_host}:{local_port}: {exc}"
-            ) from None
-        return Forward(node, listener, remote_host, remote_port)
+    ) -> ProcessForward:
+        """One port's :meth:`forward_local_ports`."""
+        targets = [(remote_host, remote_port, local_port)]
+        return (await self.forward_local_ports(node, targets, listen_host=listen_host))[0]
 
     async def forward_local_port_to_path(
         self, node: str, remote_path: str, *, local_port: int = 0
