@@ -487,7 +487,8 @@ def test_submit_dialog_saves_first_prefills_parameters_offers_limits_and_validat
     assert dialog.locator("textarea[name=parameters]").input_value() == (
         "lr=0.1\nepochs=3\ntag=base"
     )
-    assert dialog.locator("input[name=name]").input_value() == "tune"
+    name = dialog.locator("input[name=name]")
+    assert (name.input_value(), name.get_attribute("placeholder")) == ("", "tune.ipynb")
     assert (
         "saved before it is submitted" in dialog.locator(".jp-gpusched-submit-unsaved").inner_text()
     )

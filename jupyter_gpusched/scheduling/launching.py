@@ -156,24 +156,15 @@ class Launcher:
         handle = {k: v for k, v in job.handle.items() if k in _KEEP_ON_REQUEUE}
         handle["launch_failures"] = failures
         with contextlib.suppress(ConflictError):
-            if final:
+            if final or failures >= self.max_failures:
+                tries = "" if final else f" ({failures} tries)"
                 self.tracker.move(
                     job.id,
                     JobState.FAILED,
                     expect=JobState.STARTING,
                     handle=handle,
                     finished_at=self.clock.now(),
-                    reason=f"could not start on {node}: {message}",
-                )
-                return
-            if failures >= self.max_failures:
-                self.tracker.move(
-                    job.id,
-                    JobState.FAILED,
-                    expect=JobState.STARTING,
-                    handle=handle,
-                    finished_at=self.clock.now(),
-                    reason=f"could not start on {node} ({failures} tries): {message}",
+                    reason=f"could not start on {node}{tries}: {message}",
                 )
                 return
             pause_s = self.backoff_s * 2 ** (failures - 1)

@@ -75,7 +75,8 @@ export class SubmitForm extends Widget {
     // Checked as the user types; the line says what to fix and its `jp-mod-error` keeps the
     // dialog's Submit disabled.
     this.node.addEventListener('input', () => this.check(path));
-    this.name.value = (path.split('/').pop() ?? path).replace(/\.ipynb$/, '');
+    // No name: the job is shown by its notebook's path.
+    this.name.placeholder = path;
     this.params.value = options.parameters;
     this.model.append(
       h('option', { value: '' }, 'any'),
