@@ -203,7 +203,8 @@ async def _watch(
             if spec.cancel_when_running and job.state is JobState.RUNNING and not cancelled:
                 cancelled = True
                 await sched.cancel(job.id, user="demo", reason="cancelled by the demo")
-        table = format_queue([sched.job_view(sched.get_job(i)) for i in ids.values()])
+        views = [sched.job_view(sched.get_job(i)) for i in ids.values()]
+        table = format_queue(views, now=sched.clock.now(), tz=UTC)  # the demo's own clock
         if table != last_table:
             write(f"--- {sched.clock.now():%a %H:%M:%S} UTC\n{table}\n")  # type: ignore[operator]
             last_table = table
