@@ -162,6 +162,8 @@ class JobRequirements(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _parameters_size(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v  # most jobs: every stored job is validated again when read
         size = len(json.dumps(v, default=str).encode())
         if size > MAX_PARAMETERS_BYTES:
             raise ValueError(
