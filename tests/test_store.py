@@ -118,6 +118,17 @@ def test_every_job_field_round_trips(store: Store, clock: ManualClock) -> None:
     assert all(t.tzinfo == UTC for t in (back.started_at, back.finished_at))
 
 
+def test_only_jobs_with_earlier_attempts_are_read_for_reaping(store: Store) -> None:
+    plain, requeued, ended = (store.add_job(script()).id for _ in range(3))
+    store.update_job(requeued, handle={"previous": [{"node": "n0", "pgid": 7}]})
+    store.update_job(ended, handle={"previous": [{"node": "n1"}]})
+    store.transition(ended, S.CANCELLED, expect=S.QUEUED)
+    found = store.jobs_with_earlier_attempts([S.QUEUED, S.STARTING, S.RUNNING])
+    assert [j.id for j in found] == [requeued]
+    assert found[0].handle["previous"] == [{"node": "n0", "pgid": 7}]
+    assert plain not in {j.id for j in found}
+
+
 def test_unknown_job_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="job 7 does not exist"):
         store.get_job(7)

@@ -170,8 +170,7 @@ class JobTracker:
         the job runs again elsewhere (or waits), the old copy must not go on using GPUs.
         Retried every tick until the node answers.
         """
-        jobs, _ = self.store.list_jobs(states=[JobState.QUEUED, *ACTIVE_STATES], limit=1_000_000)
-        for job in jobs:
+        for job in self.store.jobs_with_earlier_attempts([JobState.QUEUED, *ACTIVE_STATES]):
             stale = [
                 old
                 for old in job.handle.get("previous", [])

@@ -269,6 +269,19 @@ class Store:
             total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
             return [_job(r) for r in s.scalars(query)], total
 
+    def jobs_with_earlier_attempts(self, states: Iterable[JobState]) -> list[Job]:
+        """Jobs in ``states`` whose handle records earlier attempts (``previous``), by id.
+
+        Few jobs ever have one, so only ids and handles are read to find them: the tracker asks
+        every tick, and reading the whole queue for it cost as much as the placing pass.
+        """
+        wanted = [JobState(x).value for x in states]
+        with self.read_session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.handle).where(JobRow.state.in_(wanted)))
+            ids = [job_id for job_id, handle in rows if handle and handle.get("previous")]
+        found = self.get_jobs(ids)
+        return [found[i] for i in sorted(found)]
+
     def transition(
         self,
         job_id: int,
