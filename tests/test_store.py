@@ -129,6 +129,24 @@ def test_only_jobs_with_earlier_attempts_are_read_for_reaping(store: Store) -> N
     assert plain not in {j.id for j in found}
 
 
+def test_a_job_changed_by_another_store_is_read_afresh_and_callers_changes_stay_theirs(
+    store: Store, store_url: str, clock: ManualClock
+) -> None:
+    job_id = store.add_job(script()).id
+    (first,), _ = store.list_jobs(states=[S.QUEUED])
+    first.handle["mine"] = True  # a caller's change in place, never written
+    other = Store(store_url, clock=clock)  # another server on the same store
+    try:
+        other.update_job(job_id, reason="no room", held=True)
+    finally:
+        other.close()
+    (again,), _ = store.list_jobs(states=[S.QUEUED])
+    assert (again.reason, again.held, again.handle) == ("no room", True, {})
+    assert store.get_jobs([job_id])[job_id].handle == {}
+    store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+    assert store.list_jobs(states=[S.QUEUED]) == ([], 0)
+
+
 def test_unknown_job_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="job 7 does not exist"):
         store.get_job(7)

@@ -198,30 +198,19 @@ def _json_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: Specs read before, by job id, with the stored JSON each was validated from. A spec does not
-#: change once queued, and validating it again was half the cost of reading the queue (which
-#: every scheduling pass does); a stored JSON that differs is validated afresh.
-_SPECS: dict[int, tuple[dict[str, Any], JobSpec]] = {}
-_SPECS_MAX = 200_000
-
-
-def _spec(job_id: int, raw: dict[str, Any]) -> JobSpec:
-    known = _SPECS.get(job_id)
-    if known is not None and known[0] == raw:
-        return known[1]
-    spec = JobSpec.model_validate(raw)
-    if len(_SPECS) >= _SPECS_MAX:
-        _SPECS.clear()
-    _SPECS[job_id] = (raw, spec)
-    return spec
-
-
 def _job(row: JobRow) -> Job:
-    # Built without validation, like queued_job: every field was checked on its way in, and
-    # the queue is read on every scheduling pass.
+    return job_from_row(row)
+
+
+def job_from_row(row: JobRow, spec: JobSpec | None = None) -> Job:
+    """The job of a row; ``spec``: the row's spec, already validated (see JobCache).
+
+    Built without validating it again, like :func:`queued_job`: every field was checked on its
+    way in, and the queue is read on every scheduling pass.
+    """
     return Job.model_construct(
         id=row.id,
-        spec=_spec(row.id, row.spec),
+        spec=spec if spec is not None else JobSpec.model_validate(row.spec),
         state=JobState(row.state),
         held=row.held,
         submitted_at=row.submitted_at,

@@ -61,6 +61,7 @@ from jupyter_gpusched.core.models import (
 
 from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url
+from .jobcache import JobCache
 from .leader import check_fence
 from .orm import EventRow, JobRow, NodeRow, UsageRow
 from .rows import (
@@ -81,6 +82,8 @@ from .rows import (
 VERSION_TABLE = "gpusched_alembic_version"
 #: Key of the PostgreSQL advisory lock that keeps two servers from migrating at once.
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
+#: Ids per ``IN (...)`` when reading rows: far below every backend's limit on parameters.
+_IN_CHUNK = 900
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class Store:
             else self._engine.execution_options(isolation_level="REPEATABLE READ")
         )
         self._reads = sessionmaker(reads, expire_on_commit=False)
+        self._cache = JobCache()
         # Writers take SQLite's write lock at BEGIN (see the module docstring).
         self._writes = sessionmaker(
             self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
@@ -215,8 +219,8 @@ class Store:
         if not wanted:
             return {}
         with self.read_session() as s:
-            rows = s.scalars(select(JobRow).where(JobRow.id.in_(wanted)))
-            return {row.id: _job(row) for row in rows}
+            keys = s.execute(select(JobRow.id, JobRow.version).where(JobRow.id.in_(wanted)))
+            return self._jobs_of(s, keys.all())
 
     def list_jobs(
         self,
@@ -260,14 +264,36 @@ class Store:
         if array_id is not None:
             label = JobRow.spec[("labels", ARRAY_ID_LABEL)].as_string()
             conditions.append(label == str(array_id))
-        query = select(JobRow).where(*conditions)
+        query = select(JobRow.id, JobRow.version).where(*conditions)
         query = query.order_by(
             column.desc() if desc else column.asc(), JobRow.id.desc() if desc else JobRow.id.asc()
         )
         query = query.offset(offset) if limit is None else query.limit(limit).offset(offset)
         with self.read_session() as s:
             total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
-            return [_job(r) for r in s.scalars(query)], total
+            keys = s.execute(query).all()
+            jobs = self._jobs_of(s, keys)
+        page = [jobs[i] for i, _ in keys if i in jobs]
+        if states is not None:  # a row that changed between the two reads no longer matches
+            wanted = {JobState(x) for x in states}
+            page = [job for job in page if job.state in wanted]
+        return page, total
+
+    def _jobs_of(self, s: Session, keys: Sequence[Any]) -> dict[int, Job]:
+        """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
+        out: dict[int, Job] = {}
+        missing: list[int] = []
+        for job_id, version in keys:
+            job = self._cache.get(job_id, version)
+            if job is None:
+                missing.append(job_id)
+            else:
+                out[job_id] = job
+        for i in range(0, len(missing), _IN_CHUNK):
+            chunk = missing[i : i + _IN_CHUNK]
+            for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
+                out[row.id] = self._cache.put(row)
+        return out
 
     def jobs_with_earlier_attempts(self, states: Iterable[JobState]) -> list[Job]:
         """Jobs in ``states`` whose handle records earlier attempts (``previous``), by id.

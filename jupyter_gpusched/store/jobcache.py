@@ -1,0 +1,56 @@
+"""Jobs read before, kept while their row's version is unchanged.
+
+Every scheduling pass reads the whole queue, and rebuilding thousands of jobs from their rows
+(JSON columns decoded, models built) was most of a pass. Every change to a job row goes through
+the ORM, which bumps the row's ``version`` (compare-and-swap), from this process or any other on
+the same store: a read first asks for ids and versions only, and rebuilds just the rows whose
+version it has not seen.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from jupyter_gpusched.core.models import Job, JobSpec
+
+from .orm import JobRow
+from .rows import job_from_row
+
+
+class JobCache:
+    """A bounded map of job id to (version, job); least recently read go first."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._size = size
+        self._jobs: OrderedDict[int, tuple[int, Job, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()  # the API reads from worker threads too
+
+    def get(self, job_id: int, version: int) -> Job | None:
+        """The job as of ``version``, or None when that version was not read before."""
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if known is None or known[0] != version:
+                return None
+            self._jobs.move_to_end(job_id)
+        return _copy(known[1])
+
+    def put(self, row: JobRow) -> Job:
+        """The job of ``row``, kept for the next read (its spec re-used when unchanged)."""
+        with self._lock:
+            known = self._jobs.get(row.id)
+        spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
+        job = job_from_row(row, spec)
+        with self._lock:
+            self._jobs[row.id] = (row.version, job, row.spec)
+            self._jobs.move_to_end(row.id)
+            while len(self._jobs) > self._size:
+                self._jobs.popitem(last=False)
+        return _copy(job)
+
+
+def _copy(job: Job) -> Job:
+    """A copy callers may change: the handle is its one mutable part (spec, placement frozen)."""
+    return job.model_copy(update={"handle": copy.deepcopy(job.handle)})
