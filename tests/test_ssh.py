@@ -314,14 +314,16 @@ async def test_concurrent_channels_per_node_are_bounded(
     assert server.max_sessions_seen == 2
 
 
+async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A kernel port stand-in: answers one line with ``pong:`` and that line."""
+    writer.write(b"pong:" + await reader.readline())
+    await writer.drain()
+    writer.close()
+
+
 @pytest.mark.asyncio
 async def test_a_local_port_is_forwarded_to_the_node(backend: SshBackend) -> None:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"pong:" + await reader.readline())
-        await writer.drain()
-        writer.close()
-
-    kernel_port = await asyncio.start_server(echo, "127.0.0.1", 0)
+    kernel_port = await asyncio.start_server(pong, "127.0.0.1", 0)
     remote_port = kernel_port.sockets[0].getsockname()[1]
     forward = await backend.forward_local_port("n0", "127.0.0.1", remote_port)
     try:
@@ -343,11 +345,6 @@ async def test_a_local_port_is_forwarded_to_the_node(backend: SshBackend) -> Non
 async def test_forwards_run_in_their_own_process_end_with_a_dropped_node_and_come_back(
     server: InProcessSshServer, backend: SshBackend
 ) -> None:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"pong:" + await reader.readline())
-        await writer.drain()
-        writer.close()
-
     async def ping(port: int) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"ping\n")
@@ -356,7 +353,7 @@ async def test_forwards_run_in_their_own_process_end_with_a_dropped_node_and_com
         await writer.wait_closed()
         return answer
 
-    service = await asyncio.start_server(echo, "127.0.0.1", 0)
+    service = await asyncio.start_server(pong, "127.0.0.1", 0)
     port = service.sockets[0].getsockname()[1]
     first = await backend.forward_local_ports(
         "n0", [("127.0.0.1", port, 0), ("127.0.0.1", port, 0)]
