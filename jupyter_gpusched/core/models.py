@@ -163,7 +163,7 @@ class JobRequirements(BaseModel):
     @classmethod
     def _parameters_size(cls, v: dict[str, Any]) -> dict[str, Any]:
         if not v:
-            return v  # most jobs: every stored job is validated again when read
+            return v  # most jobs have none: skip the encoding
         size = len(json.dumps(v, default=str).encode())
         if size > MAX_PARAMETERS_BYTES:
             raise ValueError(

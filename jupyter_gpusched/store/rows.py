@@ -198,10 +198,6 @@ def _json_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _job(row: JobRow) -> Job:
-    return job_from_row(row)
-
-
 def job_from_row(row: JobRow, spec: JobSpec | None = None) -> Job:
     """The job of a row; ``spec``: the row's spec, already validated (see JobCache).
 

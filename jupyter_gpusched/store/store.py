@@ -70,11 +70,11 @@ from .rows import (
     _event,
     _get_row,
     _gpu_weight,
-    _job,
     _json_fields,
     add_event_row,
     add_job_row,
     add_job_rows,
+    job_from_row,
     queued_job,
 )
 
@@ -200,7 +200,7 @@ class Store:
     def add_job(self, spec: JobSpec) -> Job:
         """Queue a new job and log ``submitted``."""
         with self.write_session() as s:
-            return _job(add_job_row(s, spec, self._clock.now()))
+            return job_from_row(add_job_row(s, spec, self._clock.now()))
 
     def add_jobs(self, specs: Sequence[JobSpec], *, array: bool = False) -> list[Job]:
         """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
@@ -211,7 +211,7 @@ class Store:
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
         with self.read_session() as s:
-            return _job(_get_row(s, job_id))
+            return job_from_row(_get_row(s, job_id))
 
     def get_jobs(self, job_ids: Iterable[int]) -> dict[int, Job]:
         """The jobs with these ids that exist, by id (one query)."""
@@ -373,7 +373,7 @@ class Store:
                     detail=detail,
                 ),
             )
-            return _job(row)
+            return job_from_row(row)
 
     def update_job(self, job_id: int, *, event: str | None = "updated", **fields: Any) -> Job:
         """Change fields other than the state (held, spec, handle, last_activity_at, reason...).
@@ -403,7 +403,7 @@ class Store:
                         detail={"fields": _json_fields(fields)},
                     ),
                 )
-            return _job(row)
+            return job_from_row(row)
 
     def set_reasons(self, reasons: Mapping[int, str | None]) -> None:
         """Record why queued jobs wait, in one transaction, each with a ``waiting`` event.
