@@ -147,6 +147,20 @@ def test_a_job_changed_by_another_store_is_read_afresh_and_callers_changes_stay_
     assert store.list_jobs(states=[S.QUEUED]) == ([], 0)
 
 
+def test_jobs_kept_from_a_bulk_submit_read_back_as_their_rows(
+    store: Store, store_url: str, clock: ManualClock
+) -> None:
+    added = store.add_jobs([script(), FULL_SPEC], array=True)
+    kept, _ = store.list_jobs(states=[S.QUEUED])
+    fresh = Store(store_url, clock=clock)  # nothing kept: every job rebuilt from its row
+    try:
+        read, _ = fresh.list_jobs(states=[S.QUEUED])
+    finally:
+        fresh.close()
+    assert [j.model_dump() for j in kept] == [j.model_dump() for j in read]
+    assert [j.id for j in read] == [j.id for j in added]
+
+
 def test_unknown_job_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="job 7 does not exist"):
         store.get_job(7)

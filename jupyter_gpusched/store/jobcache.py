@@ -43,12 +43,16 @@ class JobCache:
             known = self._jobs.get(row.id)
         spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
         job = job_from_row(row, spec)
+        self.keep(row, job)
+        return _copy(job)
+
+    def keep(self, row: JobRow, job: Job) -> None:
+        """Keep ``job``, just written as ``row`` (a submit: the next pass reads it from here)."""
         with self._lock:
             self._jobs[row.id] = (row.version, job, row.spec)
             self._jobs.move_to_end(row.id)
             while len(self._jobs) > self._size:
                 self._jobs.popitem(last=False)
-        return _copy(job)
 
 
 def _copy(job: Job) -> Job:

@@ -206,6 +206,8 @@ class Store:
         """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
         with self.write_session() as s:
             rows = add_job_rows(s, specs, self._clock.now(), array=array)
+        for row, spec in rows:  # the next pass and the events window read them from here
+            self._cache.keep(row, queued_job(row, spec))
         return [queued_job(row, spec) for row, spec in rows]
 
     def get_job(self, job_id: int) -> Job:
