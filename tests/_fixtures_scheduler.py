@@ -11,6 +11,7 @@ Import the fixtures into a test module: ``from _fixtures_scheduler import mem_ha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -191,3 +192,13 @@ async def sim_harness(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Harness]
         yield h
     finally:
         await h.stop()
+
+
+async def tick_until(sched: Scheduler, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Tick ``sched`` until ``done()`` holds; the jobs' states say why when it never does."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not done():
+        assert loop.time() < deadline, [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
+        await sched.tick()
+        await asyncio.sleep(0.05)

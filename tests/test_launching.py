@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _fixtures_scheduler import sim  # noqa: F401  (the fixture)
+from _fixtures_scheduler import sim, tick_until  # noqa: F401  (sim: the fixture)
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.ssh import SshBackend
@@ -85,15 +85,6 @@ def start_in_store(sched: Scheduler, job: Job, node: str = "t4-0", **handle: obj
     )
 
 
-async def until(sched: Scheduler, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not done():
-        assert loop.time() < deadline, [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
-        await sched.tick()
-        await asyncio.sleep(0.05)
-
-
 def runs(tally: Path) -> int:
     return tally.read_text().count("run") if tally.exists() else 0
 
@@ -122,7 +113,7 @@ async def test_a_job_whose_launch_never_reached_its_node_runs_once(
 ) -> None:
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally, retries=2))
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     final = sched.get_job(job.id)
     assert (final.state, final.attempt, runs(tally)) == (JobState.SUCCEEDED, 0, 1)
     assert "lost" not in states_seen(sched, job.id)
@@ -136,9 +127,9 @@ async def test_a_job_its_node_started_before_the_crash_is_adopted_not_started_ag
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally, seconds=3.0, retries=2))
     await sched.backend.launch(job, job.placement)  # the node started it; the pid was lost
-    await until(sched, lambda: sched.get_job(job.id).state is JobState.RUNNING)
+    await tick_until(sched, lambda: sched.get_job(job.id).state is JobState.RUNNING)
     assert gpus_held(sched) == {("t4-0", 0): [job.id]}
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     final = sched.get_job(job.id)
     assert (final.state, final.attempt, runs(tally)) == (JobState.SUCCEEDED, 0, 1)
     assert gpus_held(sched) == {}
@@ -156,7 +147,7 @@ async def test_a_job_that_ran_to_its_end_while_the_scheduler_was_down_is_recorde
         if not (await sched.backend.poll(ran)).running:
             break
         await asyncio.sleep(0.05)
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     final = sched.get_job(job.id)
     assert (final.state, final.attempt, runs(tally)) == (JobState.SUCCEEDED, 0, 1)
     assert "lost" not in states_seen(sched, job.id)
@@ -171,7 +162,7 @@ async def test_a_job_cancelled_while_starting_is_stopped_where_it_started(
         sched, counting_job(sched, tally, seconds=60), stopping="cancel", stop_reason="cancelled"
     )
     launched = await sched.backend.launch(job, job.placement)
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     assert sched.get_job(job.id).state is JobState.CANCELLED
     status = await sched.backend.poll(job.model_copy(update={"handle": launched.handle}))
     assert not status.running
@@ -184,7 +175,7 @@ async def test_a_job_cancelled_before_its_launch_never_starts_even_late(
     job = start_in_store(
         sched, counting_job(sched, tally), stopping="cancel", stop_reason="cancelled by ann"
     )
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     assert sched.get_job(job.id).state is JobState.CANCELLED
     # a deposed scheduler's launch arriving now starts nothing
     with pytest.raises(NodeRefusedError, match="never finished starting"):
@@ -197,7 +188,7 @@ async def test_a_cancel_while_starting_waits_for_the_launch_and_stops_it(
 ) -> None:
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally, seconds=60))
-    ticking = asyncio.ensure_future(until(sched, lambda: sched.get_job(job.id).state in ENDED))
+    ticking = asyncio.ensure_future(tick_until(sched, lambda: sched.get_job(job.id).state in ENDED))
     cancelled = await sched.cancel(job.id, user="ann")
     await ticking
     assert cancelled.state is JobState.CANCELLED

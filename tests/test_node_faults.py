@@ -7,17 +7,17 @@ showed down; a requeued job's reason no longer said why.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncssh
 import pytest
 import pytest_asyncio
+from _fixtures_scheduler import tick_until
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
@@ -69,15 +69,6 @@ def wrong_key_file(path: Path, cfg: NodeConfig) -> Path:
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     path.write_text(f"[{cfg.host}]:{cfg.port} {other}\n")
     return path
-
-
-async def until(sched: Scheduler, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not done():
-        assert loop.time() < deadline, [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
-        await sched.tick()
-        await asyncio.sleep(0.05)
 
 
 def submit(sched: Scheduler, code: str = "pass", **spec: object) -> int:
@@ -132,7 +123,7 @@ async def test_the_only_node_off_at_start_is_shown_down_and_runs_the_queue_once_
             clock.advance(1.0)  # the next probe of the node comes due
             return sched.get_job(job_id).state is JobState.SUCCEEDED
 
-        await until(sched, ran)
+        await tick_until(sched, ran)
         assert sched.cluster_view().nodes[0].up
     finally:
         await sched.stop()
@@ -145,7 +136,7 @@ async def test_a_dropped_node_shows_down_when_its_job_is_lost_and_the_requeue_sa
     await sched.start()
     try:
         job_id = submit(sched, "import time; time.sleep(60)", gpu_models=["T4"], retries=1)
-        await until(sched, lambda: sched.get_job(job_id).state is JobState.RUNNING)
+        await tick_until(sched, lambda: sched.get_job(job_id).state is JobState.RUNNING)
         await sim.stop_node("t4-0")
         seen: list[tuple[str, bool]] = []
 
@@ -155,7 +146,7 @@ async def test_a_dropped_node_shows_down_when_its_job_is_lost_and_the_requeue_sa
             seen.append((job.state.value, t4.up))
             return job.state is not JobState.RUNNING
 
-        await until(sched, settled)
+        await tick_until(sched, settled)
         # never a lost or requeued job on a node still shown up
         assert [s for s in seen if s[0] != "running" and s[1]] == [], seen
         t4 = next(n for n in sched.cluster_view().nodes if n.name == "t4-0")

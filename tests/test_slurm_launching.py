@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_scheduler import tick_until
 from _fixtures_slurm import NODE, SlurmCluster
 
 from jupyter_gpusched.cluster.slurm import SlurmBackend
@@ -77,15 +78,6 @@ def start_in_store(sched: Scheduler, job: Job, **handle: object) -> Job:
     )
 
 
-async def until(sched: Scheduler, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not done():
-        assert loop.time() < deadline, [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
-        await sched.tick()
-        await asyncio.sleep(0.05)
-
-
 def runs(tally: Path) -> int:
     return tally.read_text().count("run") if tally.exists() else 0
 
@@ -95,7 +87,7 @@ async def test_a_job_whose_sbatch_never_went_out_runs_once(
 ) -> None:
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally))
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED, timeout_s=30.0)
     assert sched.get_job(job.id).state is JobState.SUCCEEDED
     assert runs(tally) == 1
 
@@ -106,7 +98,7 @@ async def test_a_job_slurm_took_before_the_crash_is_adopted_not_submitted_again(
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally, seconds=1.0))
     first = await sched.backend.launch(job, job.placement)  # sbatch went out; the id was lost
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED, timeout_s=30.0)
     done = sched.get_job(job.id)
     assert (done.state, done.handle["slurm_job_id"]) == (
         JobState.SUCCEEDED,
@@ -122,7 +114,7 @@ async def test_a_job_cancelled_before_its_launch_never_runs_even_when_sbatch_com
     job = start_in_store(
         sched, counting_job(sched, tally), stopping="cancel", stop_reason="cancelled by ann"
     )
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED, timeout_s=30.0)
     assert sched.get_job(job.id).state is JobState.CANCELLED
     # a deposed scheduler's launch arriving now submits nothing
     with pytest.raises(NodeRefusedError, match="stopped before it started"):
@@ -135,7 +127,9 @@ async def test_a_cancel_while_starting_stops_the_slurm_job(
 ) -> None:
     tally = tmp_path / "tally"
     job = start_in_store(sched, counting_job(sched, tally, seconds=60))
-    ticking = asyncio.ensure_future(until(sched, lambda: sched.get_job(job.id).state in ENDED))
+    ticking = asyncio.ensure_future(
+        tick_until(sched, lambda: sched.get_job(job.id).state in ENDED, timeout_s=30.0)
+    )
     cancelled = await sched.cancel(job.id, user="ann")
     await ticking
     assert cancelled.state is JobState.CANCELLED
@@ -162,7 +156,7 @@ async def test_the_placement_follows_the_gpus_slurm_gave_the_job(
         started_at=NOW,
         handle={"node": NODE, "attempt": 0},
     )
-    await until(sched, lambda: sched.get_job(job.id).state in ENDED)
+    await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED, timeout_s=30.0)
     done = sched.get_job(job.id)
     assert done.state is JobState.SUCCEEDED
     assert placed.placement is not None and placed.placement.gpu_indices == [3]
