@@ -162,7 +162,8 @@ async def test_each_job_runs_as_its_owner_in_a_private_job_dir(
 
 async def _kernel_client_uid(backend: SshBackend, info: dict[str, Any]) -> str:
     """Run ``os.getuid()`` in the kernel through forwarded ports, as its owner's client would."""
-    forwards = [await backend.forward_local_port(NODE, "127.0.0.1", info[k]) for k in PORT_KEYS]
+    targets = [("127.0.0.1", info[k], 0) for k in PORT_KEYS]
+    forwards = await backend.forward_local_ports(NODE, targets)
     local = {
         **info,
         "ip": "127.0.0.1",
@@ -183,6 +184,7 @@ async def _kernel_client_uid(backend: SshBackend, info: dict[str, Any]) -> str:
         kc.stop_channels()
         for f in forwards:
             f.close()
+        await forwards[0].wait_closed()  # one forwarder carries them all
     return "".join(out).strip()
 
 

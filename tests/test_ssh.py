@@ -325,7 +325,7 @@ async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 async def test_a_local_port_is_forwarded_to_the_node(backend: SshBackend) -> None:
     kernel_port = await asyncio.start_server(pong, "127.0.0.1", 0)
     remote_port = kernel_port.sockets[0].getsockname()[1]
-    forward = await backend.forward_local_port("n0", "127.0.0.1", remote_port)
+    (forward,) = await backend.forward_local_ports("n0", [("127.0.0.1", remote_port, 0)])
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)
         writer.write(b"ping\n")

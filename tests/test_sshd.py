@@ -177,8 +177,8 @@ async def test_openssh_forwards_a_port(backend: SshBackend) -> None:
         writer.close()
 
     service = await asyncio.start_server(echo, "127.0.0.1", 0)
-    forward = await backend.forward_local_port(
-        "sshd0", "127.0.0.1", service.sockets[0].getsockname()[1]
+    (forward,) = await backend.forward_local_ports(
+        "sshd0", [("127.0.0.1", service.sockets[0].getsockname()[1], 0)]
     )
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)

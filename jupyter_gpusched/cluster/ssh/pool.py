@@ -463,23 +463,10 @@ class NodePool:
         options = self._options(st, None)
         return await Forwarder.start(node, st.cfg.host, options, listen_host, list(targets))
 
-    async def forward_local_port(
-        self,
-        node: str,
-        remote_host: str,
-        remote_port: int,
-        *,
-        local_port: int = 0,
-        listen_host: str = "127.0.0.1",
-    ) -> ProcessForward:
-        """One port's :meth:`forward_local_ports`."""
-        targets = [(remote_host, remote_port, local_port)]
-        return (await self.forward_local_ports(node, targets, listen_host=listen_host))[0]
-
     async def forward_local_port_to_path(
         self, node: str, remote_path: str, *, local_port: int = 0
     ) -> Forward:
-        """Like :meth:`forward_local_port`, to a UNIX socket on the node (IPC kernels)."""
+        """A local port forwarded to a UNIX socket on the node (IPC kernels), in this process."""
         st = self._node(node)
         conn = await self._connect(st)
         try:
