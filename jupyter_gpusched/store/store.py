@@ -273,13 +273,9 @@ class Store:
         query = query.offset(offset) if limit is None else query.limit(limit).offset(offset)
         with self.read_session() as s:
             total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
-            keys = s.execute(query).all()
+            keys = s.execute(query).all()  # one snapshot: the rows read next are these
             jobs = self._jobs_of(s, keys)
-        page = [jobs[i] for i, _ in keys if i in jobs]
-        if states is not None:  # a row that changed between the two reads no longer matches
-            wanted = {JobState(x) for x in states}
-            page = [job for job in page if job.state in wanted]
-        return page, total
+        return [jobs[i] for i, _ in keys], total
 
     def _jobs_of(self, s: Session, keys: Sequence[Any]) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
