@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _fixtures_ssh import (  # noqa: E402
     SSHD,
@@ -115,16 +117,56 @@ async def bench_node(label: str, cfg: NodeConfig, n: int) -> None:
         await backend.close()
 
 
+def bench_rest(n: int) -> None:
+    """REST submit -> the job's first instruction through a running server and its nodes.
+
+    The server (``bench/_server.py``) runs the embedded simulated cluster: loopback SSH nodes.
+    Each job is submitted when the one before has ended, so every submit finds the scheduler
+    idle and its node's connection warm, as a lab's first job of the morning would.
+    """
+    from _server import TOKEN, start_server
+
+    from jupyter_gpusched.client.api import GpuSchedClient
+
+    root = Path(tempfile.mkdtemp(prefix="gpusched-bench-rest-"))
+    proc, url, _ = start_server(root)
+    client = GpuSchedClient(url, TOKEN)
+    spec = {"kind": "script", "command": ["date", "+%s.%N"], "gpus": 1}
+    samples: list[float] = []
+    try:
+        for i in range(n + 3):
+            t_wall = time.time()
+            job = client.submit(spec)
+            done = client.wait(job.id, timeout_s=30, poll_s=0.05)
+            if done.state != "succeeded":
+                raise SystemExit(f"job {job.id} ended {done.state}: {done.reason}")
+            log, _ = client.read_log(job.id)
+            if i >= 3:  # the first ones warm the node's connection and agent
+                samples.append(float(log.split()[0]) - t_wall)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+    print("REST submit through a running server (embedded simulated cluster):")
+    print(_row("submit -> first instruction", samples))
+
+
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=50, help="samples per figure")
     parser.add_argument("--no-sshd", action="store_true", help="skip Debian's sshd")
+    parser.add_argument("--rest-only", action="store_true", help="only the REST figure")
+    parser.add_argument("--no-rest", action="store_true", help="skip the REST figure")
     args = parser.parse_args(argv)
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(
         f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
         f"on {os.cpu_count()} CPUs"
     )
+    if not args.no_rest:
+        await asyncio.to_thread(bench_rest, args.n)
+    if args.rest_only:
+        return 0
     directory = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     state = directory / "gpus.json"
     state.write_text(json.dumps(gpu_state(2)))

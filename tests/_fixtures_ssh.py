@@ -127,7 +127,8 @@ class InProcessSshServer:
     """asyncssh on 127.0.0.1 that runs each command with ``/bin/sh -c`` in its own session.
 
     Closing a channel does not kill the command (as with OpenSSH) but closes its stdin.
-    ``max_sessions_seen`` records the most channels that ever ran at once.
+    ``max_sessions_seen`` records the most channels that ever ran at once, ``commands`` every
+    command line run.
     """
 
     def __init__(self, directory: Path, *, env: dict[str, str] | None = None) -> None:
@@ -152,6 +153,7 @@ class InProcessSshServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sessions = 0
         self.max_sessions_seen = 0
+        self.commands: list[str] = []  # every command line run, in order
 
     async def start(self) -> None:
         """Listen (on the previous port after a :meth:`stop`, so clients can reconnect)."""
@@ -210,6 +212,7 @@ class InProcessSshServer:
             self._tasks.discard(task)
 
     async def _run(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        self.commands.append(process.command or "")
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",

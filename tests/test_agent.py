@@ -186,7 +186,8 @@ def test_launch_runs_detached_with_env_cwd_and_records_exit_code(node: dict[str,
         "import os; print('cwd', os.getcwd());"
         " print('cvd', os.environ['CUDA_VISIBLE_DEVICES']);"
         " print('jpy', os.environ.get('JPY_PARENT_PID')); print('x', os.environ['X']);"
-        " print('sid', os.getsid(0) == os.getppid()); raise SystemExit(3)"
+        " print('sid', os.getsid(0) == os.getsid(os.getppid())); print(os.getsid(0));"
+        " raise SystemExit(3)"
     )
     job = agent(
         node["env"],
@@ -207,8 +208,9 @@ def test_launch_runs_detached_with_env_cwd_and_records_exit_code(node: dict[str,
     assert job["pgid"] != job["pid"] and job["start_time"] > 0 and not job["reused"]
     ended = wait_ended(node["env"], job)
     assert ended["exit_code"] == 3 and ended["ended_at"].endswith("+00:00")
-    log = Path(job["log"]).read_text().splitlines()
+    *log, sid = Path(job["log"]).read_text().splitlines()
     assert log == [f"cwd {workdir}", "cvd GPU-a,GPU-b", "jpy None", "x a b;c", "sid True"]
+    assert int(sid) != os.getsid(0)  # the wrapper's session is not the one it was started from
 
 
 def test_launching_the_same_job_dir_twice_returns_the_first_launch(node: dict[str, Any]) -> None:
@@ -446,3 +448,46 @@ def test_setenv_reaches_the_agent_and_the_job(node: dict[str, Any]) -> None:
     # the job has the umask the agent started with; the agent's own files are private
     assert Path(job["log"]).read_text() == f"yes\n{ours:04o}\n"
     assert stat.S_IMODE(os.stat(job["log"]).st_mode) == 0o600
+
+
+def test_a_serving_agent_answers_in_order_and_survives_a_bad_request(
+    node: dict[str, Any],
+) -> None:
+    requests = [
+        {
+            "args": ["launch", "--job-dir", str(node["dir"] / "s1"), "--spec", "-"],
+            "input": json.dumps({"argv": ["sh", "-c", "echo served"]}),
+        },  # fmt: skip
+        {"args": ["launch", "--no-such-flag"]},
+        {"args": ["probe"]},
+        "not json",
+        {"args": ["remove", "--path", str(node["dir"] / "absent")]},
+    ]
+    lines = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
+    done = subprocess.run(
+        [*AGENT, "serve"], env=node["env"], input=lines.encode(), capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    launched, flag, probe, garbled, removed = [json.loads(x) for x in done.stdout.splitlines()]
+    assert launched["exit"] == 0 and launched["answer"]["pid"] > 0
+    assert flag["exit"] == 1 and "malformed request" in flag["answer"]["error"]
+    assert probe == {"exit": 1, "answer": {"error": "a serving agent answers only launch, "
+                                                    "status, remove"}}  # fmt: skip
+    assert garbled["exit"] == 1
+    assert removed == {"exit": 0, "answer": {"removed": False}}
+    log = Path(launched["answer"]["log"])
+    wait_for(lambda: log.read_text() == "served\n", what="the served launch's output")
+
+
+def test_a_job_command_is_found_on_the_path_its_own_env_sets(node: dict[str, Any]) -> None:
+    bin_dir = node["dir"] / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "only-here").write_text("#!/bin/sh\necho found on the PATH of the job\n")
+    (bin_dir / "only-here").chmod(0o755)
+    job = agent(
+        node["env"], "launch", "--job-dir", str(node["dir"] / "p1"),
+        "--env", f"PATH={bin_dir}:/usr/bin:/bin", "--", "only-here",
+    )  # fmt: skip
+    ended = wait_ended(node["env"], job)
+    assert Path(job["log"]).read_text() == "found on the PATH of the job\n"
+    assert ended["exit_code"] == 0

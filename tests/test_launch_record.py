@@ -106,7 +106,8 @@ def test_the_wrapper_records_the_end_even_when_its_agent_died_before_reading(
     os.close(read_fd)  # the agent is gone: writing the report fails
     pid = os.fork()
     if pid == 0:
-        os._exit(agent._wrap(str(job_dir), ["sh", "-c", "exit 4"], write_fd, "log", 0o022))
+        argv, env = ["sh", "-c", "exit 4"], dict(os.environ)
+        os._exit(agent._wrap(str(job_dir), argv, env, write_fd, "log", 0o022))
     os.close(write_fd)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -543,3 +543,70 @@ async def test_shared_staging_uploads_nothing_and_runs_in_the_given_workdir(
         await backend.close()
     assert status.exit_code == 0 and log == b"on the shared filesystem\n"
     assert not (Path(job.handle["job_dir"]) / "data.txt").exists()
+
+
+def serving_agents(token: str) -> list[int]:
+    """Pids of the serving agents this test's server started (marked with its token).
+
+    Job wrappers are forks of the agent that launched them, with its command line; they read
+    /dev/null, a serving agent reads its channel.
+    """
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            stdin = os.readlink(f"/proc/{entry}/fd/0")
+        except (OSError, ValueError):
+            continue
+        if (
+            b"jupyter_gpusched.node.agent" in cmdline
+            and b"serve" in cmdline
+            and (stdin != os.devnull)
+        ):
+            if f"GPUSCHED_TEST_RUN={token}".encode() in environ:
+                pids.append(int(entry))
+    return pids
+
+
+def agent_starts(server: InProcessSshServer, subcommand: str) -> int:
+    return sum(f"node.agent {subcommand}" in line for line in server.commands)
+
+
+@pytest.mark.asyncio
+async def test_launches_go_through_one_serving_agent_which_is_replaced_when_killed(
+    server: InProcessSshServer, backend: SshBackend, clock: ManualClock
+) -> None:
+    jobs = [await launched(backend, script_job(i, ["sleep", "60"], clock), on([i])) for i in (1, 2)]
+    assert agent_starts(server, "serve") == 1 and agent_starts(server, "launch") == 0
+    [pid] = serving_agents(server.token)
+
+    os.kill(pid, 9)  # the agent dies between two launches: the next launch starts another
+    await wait_for_async(lambda: asyncio.sleep(0.05), lambda _: pid not in serving_agents(
+        server.token), what="the serving agent to die")  # fmt: skip
+    third = await launched(backend, script_job(3, ["sleep", "60"], clock), on([3]))
+    assert agent_starts(server, "serve") == 2 and len(serving_agents(server.token)) == 1
+    for job in (*jobs, third):
+        assert (await backend.poll(job)).running
+        await backend.cancel(job, grace_s=1)
+
+
+@pytest.mark.asyncio
+async def test_a_node_whose_agent_does_not_serve_gets_a_fresh_agent_per_launch(
+    server: InProcessSshServer, clock: ManualClock, tmp_path: Path
+) -> None:
+    older = tmp_path / "older-agent"  # an install from before ``serve``: argparse refuses it
+    older.write_text(
+        '#!/bin/sh\nif [ "$1" = serve ]; then echo "invalid choice: serve" >&2; exit 2; fi\n'
+        f'exec {sys.executable} -m jupyter_gpusched.node.agent "$@"\n'
+    )
+    older.chmod(0o755)
+    backend = SshBackend([server.node_config(agent_cmd=(str(older),))], clock=clock)
+    try:
+        for i in (1, 2):
+            job = await launched(backend, script_job(i, ["true"], clock), on([i]))
+            assert (await ended(backend, job)).exit_code == 0
+    finally:
+        await backend.close()
+    assert sum(" serve" in line for line in server.commands) == 1
+    assert sum(" launch " in line for line in server.commands) == 2

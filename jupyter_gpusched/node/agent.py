@@ -10,7 +10,7 @@ script, is what a sudoers line names): staging, launch, status, kill, logs, clai
 kernel connection files all go through it. Whatever it creates is private to the user it runs
 as (umask 077, job dirs 0700); the job itself gets the umask the agent was started with.
 
-A job runs under a small wrapper that is its own session leader (it survives the SSH channel
+A job runs under a small wrapper in a session of its own (it survives the SSH channel
 and the scheduler), starts the job in a process group of its own (so cancelling the job never
 signals the wrapper) and records ``exit_code`` and ``ended_at`` in the job dir by atomic
 rename. ``exit_code`` is ``-N`` when the job died of signal ``N``, as in :mod:`subprocess`.
@@ -19,6 +19,7 @@ rename. ``exit_code`` is ``-N`` when the job died of signal ``N``, as in :mod:`s
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC
-from typing import Any
+from typing import IO, Any
 
 from .probe import AgentError, probe
 from .stage import private_dir, stage
@@ -72,7 +73,9 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _wrap(job_dir: str, argv: list[str], report_fd: int, log_path: str, umask: int) -> int:
+def _wrap(
+    job_dir: str, argv: list[str], env: dict[str, str], report_fd: int, log_path: str, umask: int
+) -> int:
     """Body of the wrapper process: run the job, record and report it, record how it ended."""
     child = 0
 
@@ -111,7 +114,7 @@ def _wrap(job_dir: str, argv: list[str], report_fd: int, log_path: str, umask: i
         # The job gets a process group of its own: cancelling it must not hit the wrapper.
         private = os.umask(umask)  # the job creates files as its user would
         try:
-            child = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0)
+            child = os.posix_spawnp(argv[0], argv, env, setpgroup=0)
         finally:
             os.umask(private)
     except OSError as exc:
@@ -167,6 +170,10 @@ def launch(
         try:
             os.close(read_fd)
             os.setsid()
+            # Forked twice, so init, not this agent, is the wrapper's parent: a serving agent
+            # (see serve) outlives many jobs and would otherwise collect their zombies.
+            if os.fork():
+                os._exit(0)
             # The attempt's lock is taken only here, in a session of its own that outlives
             # this agent and its SSH channel: a lock never exists without a process that goes
             # on to start the job and write the launch record.
@@ -181,13 +188,15 @@ def launch(
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
             os.chdir(run_dir)
-            os.environ.clear()
-            os.environ.update(child_env)
-            os._exit(_wrap(job_dir, argv, write_fd, log_path, umask))
+            # posix_spawnp searches this process's PATH, not the env it passes: the job's
+            if child_env.get("PATH") != os.environ.get("PATH"):
+                os.environ["PATH"] = child_env.get("PATH", os.defpath)
+            os._exit(_wrap(job_dir, argv, child_env, write_fd, log_path, umask))
         except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
             os._exit(126)
     os.close(write_fd)
     os.close(log_fd)
+    os.waitpid(pid, 0)  # the first fork, which exits at once
     report = b""
     while chunk := os.read(read_fd, 4096):
         report += chunk
@@ -199,7 +208,6 @@ def launch(
         return {**answer, "reused": False}
     # Launch is idempotent per job dir: a scheduler that crashed after starting the job but
     # before storing its pid gets the same job back instead of a second copy.
-    os.waitpid(pid, 0)
     record = os.path.join(job_dir, "launch.json")
     deadline = time.monotonic() + 10.0
     while not os.path.exists(record) and time.monotonic() < deadline:
@@ -366,10 +374,10 @@ def log(
 # --------------------------------------------------------------------------- CLI
 
 
-def _read_spec(path: str) -> tuple[list[str], list[str]]:
+def _read_spec(path: str, stdin: IO[str]) -> tuple[list[str], list[str]]:
     """Argv and ``KEY=VALUE`` strings from a launch spec (big ones come this way, not argv)."""
     if path == "-":
-        data = json.load(sys.stdin)
+        data = json.load(stdin)
     else:
         with open(path) as f:
             data = json.load(f)
@@ -427,6 +435,7 @@ def _parser() -> argparse.ArgumentParser:
     np.add_argument("--timeout", type=float, default=30.0)
     rp = sub.add_parser("remove", help="remove a file (a lease kernel's connection file)")
     rp.add_argument("--path", required=True)
+    sub.add_parser("serve", help=f"answer {', '.join(SERVED)} requests, a JSON line each")
     return p
 
 
@@ -456,43 +465,71 @@ def _remove(path: str) -> dict[str, Any]:
     return {"removed": True}
 
 
+def _command(args: argparse.Namespace, umask: int, stdin: IO[str]) -> dict[str, Any]:
+    """One subcommand's JSON answer (all but ``log`` and ``serve``)."""
+    if args.cmd == "probe":
+        return probe()
+    if args.cmd == "claim":
+        return claim(args.job_dir)
+    if args.cmd == "launch":
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        env = list(args.env)
+        if args.spec:
+            command, more = _read_spec(args.spec, stdin)
+            env += more
+        return launch(
+            args.job_dir, command, cwd=args.cwd, env=env, gpus=args.gpus, log=args.log, umask=umask
+        )
+    if args.cmd == "status":
+        return status(args.job_dir, args.pid, args.start_time)
+    if args.cmd == "kill":
+        return kill(args.pgid, args.grace, args.job_dir)
+    if args.cmd == "stage":
+        return stage(args.job_dir, sys.stdin.buffer)
+    if args.cmd == "connection":
+        from .kernel import wait_connection
+
+        return wait_connection(args.path, args.timeout)
+    return _remove(args.path)
+
+
+#: The subcommands a serving agent answers: quick ones, never blocking the next request.
+SERVED = ("launch", "status", "remove")
+
+
+def serve(umask: int) -> int:
+    """Answer requests on stdin until it closes: ``{"args": [...], "input": "..."}`` per line.
+
+    Each answer is one line ``{"exit": 0|1, "answer": {...}}``, in the order asked. The
+    scheduler keeps one serving agent per node and account on its pooled connection, so a
+    launch costs a line each way instead of a Python start-up on the node.
+    """
+    parser = _parser()
+    while line := sys.stdin.buffer.readline():
+        try:
+            request = json.loads(line)
+            try:
+                args = parser.parse_args([str(a) for a in request["args"]])
+            except SystemExit:  # argparse said why on stderr; the agent must go on serving
+                raise AgentError(f"malformed request {request['args']!r}") from None
+            if args.cmd not in SERVED or args.setenv:
+                raise AgentError(f"a serving agent answers only {', '.join(SERVED)}")
+            result, code = _command(args, umask, io.StringIO(request.get("input") or "")), 0
+        except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
+            result, code = {"error": str(exc)}, 1
+        sys.stdout.write(json.dumps({"exit": code, "answer": result}) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; print its JSON answer (or raw bytes for ``log``)."""
     args = _parser().parse_args(argv)
     try:
         umask = _as_started(args.setenv)
-        if args.cmd == "probe":
-            result: dict[str, Any] = probe()
-        elif args.cmd == "claim":
-            result = claim(args.job_dir)
-        elif args.cmd == "launch":
-            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-            env = list(args.env)
-            if args.spec:
-                command, more = _read_spec(args.spec)
-                env += more
-            result = launch(
-                args.job_dir,
-                command,
-                cwd=args.cwd,
-                env=env,
-                gpus=args.gpus,
-                log=args.log,
-                umask=umask,
-            )
-        elif args.cmd == "status":
-            result = status(args.job_dir, args.pid, args.start_time)
-        elif args.cmd == "kill":
-            result = kill(args.pgid, args.grace, args.job_dir)
-        elif args.cmd == "stage":
-            result = stage(args.job_dir, sys.stdin.buffer)
-        elif args.cmd == "connection":
-            from .kernel import wait_connection
-
-            result = wait_connection(args.path, args.timeout)
-        elif args.cmd == "remove":
-            result = _remove(args.path)
-        else:
+        if args.cmd == "serve":
+            return serve(umask)
+        if args.cmd == "log":
             log(
                 args.file,
                 args.offset,
@@ -503,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                 start_time=args.start_time,
             )
             return 0
+        result = _command(args, umask, sys.stdin)
     except (AgentError, OSError, ValueError) as exc:
         print(json.dumps({"error": str(exc)}))
         return 1

@@ -78,11 +78,8 @@ class Placing:
             self._positions, self._estimates = {}, {}
             return
         state, _ = self._cluster_state()
-        usage = policy.fair_share_usage(
-            _usage(self.store.usage_records(since=now - timedelta(days=14))),
-            self.policy.fairshare_half_life_s,
-            now,
-        )
+        records = _usage(self.store.usage_records(since=now - timedelta(days=14)))
+        usage = policy.fair_share_usage(records, self.policy.fairshare_half_life_s, now)
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
         claims = _kept_nodes(queued, now)
@@ -94,7 +91,7 @@ class Placing:
                 self._set_reason(job, nothing_up)
             self._estimates = {}
             return
-        ctx = self._admission_context(now, active, state)
+        ctx = self._admission_context(now, active, state, records)
         head: backfill.Reservation | None = None
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
@@ -173,17 +170,22 @@ class Placing:
         )
 
     def _admission_context(
-        self, now: datetime, active: windows.ActiveWindow, state: packer.ClusterState
+        self,
+        now: datetime,
+        active: windows.ActiveWindow,
+        state: packer.ClusterState,
+        records: Sequence[policy.UsageRecord],
     ) -> policy.AdmissionContext:
+        """What admission weighs; ``records``: the pass's usage, of which the last day counts."""
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        records = self.store.usage_records(since=now - timedelta(days=1))
+        day_ago = now - timedelta(days=1)
         return policy.AdmissionContext.build(
             config=self.policy,
             window=active.window,
             now=now,
             total_gpus=float(state.gpu_count[state.node_up].sum()),
             running=running,
-            usage_records=_usage(records),
+            usage_records=[r for r in records if r.end is None or r.end >= day_ago],
         )
 
     def _estimate(self, job: Job) -> float:

@@ -252,13 +252,16 @@ class Scheduler(Placing):
                 log.exception("gpusched: scheduler tick failed")
             # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that
             # races its timeout into a TimeoutError, and the loop would never stop.
-            self._pass_s = self.clock.monotonic() - began
+            ended = self.clock.monotonic()
+            self._pass_s = ended - began
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.tick_interval_s):
                     await self._wake.wait()
-                    # Let the changes of a burst gather into one pass: wait at least as long
-                    # as a pass takes (capped by the tick interval), then take them all.
-                    await asyncio.sleep(min(max(self.wake_coalesce_s, self._pass_s), 1.0))
+                    # Let the changes of a burst gather into one pass: the next starts at least
+                    # as long after this one as a pass takes (capped), then takes them all. A
+                    # wake after a quiet spell runs at once: submit -> start pays no wait.
+                    gap = min(max(self.wake_coalesce_s, self._pass_s), 1.0)
+                    await asyncio.sleep(max(0.0, ended + gap - self.clock.monotonic()))
             self._wake.clear()
 
     def wake(self) -> None:
@@ -410,9 +413,11 @@ class Scheduler(Placing):
         """Queue several jobs in one transaction, all or none (a bulk submit, or an array).
 
         Each is admitted as :meth:`submit` admits one; the first refusal refuses them all,
-        naming the job by its 0-based index.
+        naming the job by its 0-based index. The copies of an array's spec are judged once.
         """
         for i, spec in enumerate(specs):
+            if i and spec is specs[i - 1]:
+                continue
             try:
                 self._admit(spec)
             except InfeasibleError as exc:

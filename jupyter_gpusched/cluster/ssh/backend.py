@@ -29,6 +29,7 @@ from typing import Any
 
 from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
 from jupyter_gpusched.core.models import Job, Placement
+from jupyter_gpusched.node.agent import SERVED
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
 from .pool import NodePool, _Node
@@ -93,7 +94,9 @@ class SshBackend(NodePool):
     ) -> dict[str, Any]:
         """One agent subcommand's JSON answer, run as ``user`` (None: the scheduler)."""
         argv = [*st.cfg.agent_argv(), *args]
-        if stdin is None:
+        if stdin is None and args[0] in SERVED:
+            result = await self.ask(st.cfg.name, args, user=user, timeout_s=timeout_s, input=input)
+        elif stdin is None:
             result = await self.run(st.cfg.name, argv, user=user, timeout_s=timeout_s, input=input)
         else:
             result = await self.feed(st.cfg.name, argv, stdin, user=user, timeout_s=timeout_s)

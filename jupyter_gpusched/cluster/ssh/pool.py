@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
 import shlex
-from collections.abc import AsyncIterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -31,6 +34,9 @@ from jupyter_gpusched.core.units import format_duration_s
 from ..base import NodeInventory
 from ..portforward import Forwarder, ProcessForward
 from .config import Forward, NodeConfig, RemoteResult, check_account
+from .serving import AgentEnded, ServingAgent
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,6 +57,10 @@ class _Node:
     probes: int = 0  # probes started, so concurrent inventory() calls share one
     users: dict[str, Any] = field(default_factory=dict)  # ssh mode: owner -> connection
     user_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # serving agents by account (None: the scheduler's), least recently used first
+    agents: OrderedDict[str | None, ServingAgent] = field(default_factory=OrderedDict)
+    agents_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    serving: bool = True  # False once the node's agent turned out not to serve (older install)
 
     def all_conns(self) -> list[Any]:
         """The scheduler's connection and the owners' (open or not)."""
@@ -257,22 +267,28 @@ class NodePool:
         """One channel's worth of a connection for ``user``, with connection errors translated."""
         async with st.channels:
             conn = await self._connect(st, user)
-            try:
+            with self._translated(st, conn, what):
                 yield conn
-            except asyncssh.ChannelOpenError as exc:
-                # a session channel fails to open with CONNECT_FAILED once the transport is
-                # gone, which can be before the connection reports itself closed
-                if exc.code == asyncssh.OPEN_CONNECT_FAILED or conn.is_closed():
-                    self._lost(st, conn, f"connection lost: {exc.reason}")
-                raise BackendError(f"node {st.cfg.name}: {what}: {exc.reason}") from None
-            except _CONNECTION_ERRORS as exc:
-                if isinstance(exc, OSError) and not conn.is_closed():
-                    raise BackendError(f"node {st.cfg.name}: {what}: {exc}") from None
-                reason = str(exc) or type(exc).__name__
-                self._lost(st, conn, f"connection lost: {reason}")
-                raise BackendError(
-                    f"node {st.cfg.name}: connection lost during {what}: {reason}"
-                ) from None
+
+    @contextlib.contextmanager
+    def _translated(self, st: _Node, conn: Any, what: str) -> Iterator[None]:
+        """Connection errors while ``what`` as :class:`BackendError`; a lost one counted."""
+        try:
+            yield
+        except asyncssh.ChannelOpenError as exc:
+            # a session channel fails to open with CONNECT_FAILED once the transport is
+            # gone, which can be before the connection reports itself closed
+            if exc.code == asyncssh.OPEN_CONNECT_FAILED or conn.is_closed():
+                self._lost(st, conn, f"connection lost: {exc.reason}")
+            raise BackendError(f"node {st.cfg.name}: {what}: {exc.reason}") from None
+        except _CONNECTION_ERRORS as exc:
+            if isinstance(exc, OSError) and not conn.is_closed():
+                raise BackendError(f"node {st.cfg.name}: {what}: {exc}") from None
+            reason = str(exc) or type(exc).__name__
+            self._lost(st, conn, f"connection lost: {reason}")
+            raise BackendError(
+                f"node {st.cfg.name}: connection lost during {what}: {reason}"
+            ) from None
 
     async def start(self) -> None:
         """Connect to every node now (failures are recorded, not raised). Idempotent."""
@@ -287,6 +303,8 @@ class NodePool:
         """Close the connections; jobs keep running on their nodes."""
         conns = [c for st in self._nodes.values() for c in st.all_conns()]
         for st in self._nodes.values():
+            for agent in list(st.agents.values()):
+                agent.close()
             st.conn = None
             st.users.clear()
         for conn in conns:
@@ -407,6 +425,94 @@ class NodePool:
         self._sudo_refused(st, user, process.returncode, err)
         code = process.returncode if process.returncode is not None else -1
         return RemoteResult(code, out, err)
+
+    async def ask(
+        self,
+        node: str,
+        args: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 60.0,
+        input: str | None = None,
+    ) -> RemoteResult:
+        """One agent subcommand (``launch``, ``status``, ``remove``) through a serving agent.
+
+        The node's serving agent for ``user`` starts on first use and stays; the answer is
+        the one a fresh agent (:meth:`run`) would print. A fresh agent is used instead when the
+        node has no channel to spare for another serving one, or its agent does not serve.
+        The subcommands served are idempotent, so one whose agent ended before answering is
+        asked once more of a new one.
+        """
+        st = self._node(node)
+        for retry in (False, True):
+            agent = await self._serving(st, user)
+            if agent is None:
+                argv = [*st.cfg.agent_argv(), *args]
+                return await self.run(node, argv, user=user, timeout_s=timeout_s, input=input)
+            try:
+                reply = await agent.call(args, input, timeout_s)
+            except TimeoutError:
+                raise BackendError(
+                    f"node {node}: {args[0]} did not finish within {format_duration_s(timeout_s)}"
+                ) from None
+            except AgentEnded:
+                if agent.conn.is_closed():
+                    self._lost(st, agent.conn, "connection lost")
+                    raise BackendError(f"node {node}: connection lost during {args[0]}") from None
+                self._sudo_refused(st, user, agent.exit_status, agent.stderr)
+                if not agent.answered:
+                    _log.warning(
+                        "node %s: its agent does not serve requests (%s); each command starts "
+                        "one (update jupyter-gpusched there)",
+                        node,
+                        agent.stderr.strip()[-300:],
+                    )
+                    st.serving = False
+                elif retry:
+                    raise BackendError(
+                        f"node {node}: the node agent ended during {args[0]}: "
+                        f"{agent.stderr.strip()[-500:] or f'exit {agent.exit_status}'}"
+                    ) from None
+                continue
+            return RemoteResult(int(reply["exit"]), json.dumps(reply["answer"]), "")
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    def _serving_cap(self, st: _Node) -> int:
+        """Serving agents a node keeps: they hold channels the other commands share."""
+        return max(0, (st.cfg.max_channels - 2) // 3) if st.serving else 0
+
+    async def _serving(self, st: _Node, user: str | None) -> ServingAgent | None:
+        """The node's serving agent for ``user``, started when missing; None: use a fresh one."""
+        agent = st.agents.get(user)
+        if agent is not None and not agent.closed:
+            st.agents.move_to_end(user)
+            return agent
+        async with st.agents_lock:
+            agent = st.agents.get(user)
+            if agent is not None and not agent.closed:
+                return agent
+            cap = self._serving_cap(st)
+            while st.agents and len(st.agents) >= cap:
+                next(iter(st.agents.values())).close()  # the least recently used goes
+            if cap == 0 or st.channels.locked():
+                return None
+            line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
+            await st.channels.acquire()
+            try:
+                conn = await self._connect(st, user)
+                with self._translated(st, conn, "starting the node agent"):
+                    process = await conn.create_process(line, encoding="utf-8")
+            except BaseException:
+                st.channels.release()
+                raise
+
+            def closed(agent: ServingAgent) -> None:
+                st.channels.release()
+                if st.agents.get(user) is agent:
+                    del st.agents[user]
+
+            st.agents[user] = agent = ServingAgent(process, conn, closed)
+            return agent
 
     async def _home(self, st: _Node) -> str:
         if st.home is None:
