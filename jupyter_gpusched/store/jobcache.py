@@ -1,10 +1,10 @@
 """Jobs read before, kept while their row's version is unchanged.
 
 Every scheduling pass reads the whole queue, and rebuilding thousands of jobs from their rows
-(JSON columns decoded, models built) was most of a pass. Every change to a job row goes through
-the ORM, which bumps the row's ``version`` (compare-and-swap), from this process or any other on
-the same store: a read first asks for ids and versions only, and rebuilds just the rows whose
-version it has not seen.
+(JSON columns decoded, models built) was most of a pass. Every change to a job row bumps its
+``version`` (compare-and-swap: the ORM's counter, or explicitly in bulk Core updates), from this
+process or any other on the same store: a read first asks for ids and versions only, and
+rebuilds just the rows whose version it has not seen.
 """
 
 from __future__ import annotations
@@ -43,14 +43,17 @@ class JobCache:
             known = self._jobs.get(row.id)
         spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
         job = job_from_row(row, spec)
-        self.keep(row, job)
+        self.keep(job, row.version, row.spec)
         return _copy(job)
 
-    def keep(self, row: JobRow, job: Job) -> None:
-        """Keep ``job``, just written as ``row`` (a submit: the next pass reads it from here)."""
+    def keep(self, job: Job, version: int, spec_json: dict[str, Any]) -> None:
+        """Keep ``job``, as of its row's ``version`` holding ``spec_json``.
+
+        For a submit: the next pass reads the new jobs from here.
+        """
         with self._lock:
-            self._jobs[row.id] = (row.version, job, row.spec)
-            self._jobs.move_to_end(row.id)
+            self._jobs[job.id] = (version, job, spec_json)
+            self._jobs.move_to_end(job.id)
             while len(self._jobs) > self._size:
                 self._jobs.popitem(last=False)
 

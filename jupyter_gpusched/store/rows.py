@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    insert,
     text,
+    update,
 )
 from sqlalchemy.orm import Session
 
@@ -29,6 +31,8 @@ from .orm import EventRow, JobRow
 
 #: Key of the PostgreSQL advisory lock held from an event's insert to its commit.
 _EVENTS_LOCK_KEY = 0x67707573636865
+#: ``version`` of a new job row: where the ORM's counter (``version_id_col``) starts.
+FIRST_VERSION = 1
 
 
 def add_job_row(
@@ -38,7 +42,7 @@ def add_job_row(
 
     For callers that write more in the same transaction, e.g. a definition's firing.
     """
-    row = _queued_row(spec, now)
+    row = JobRow(**_queued_values(spec, now))
     s.add(row)
     s.flush()
     event = EventRow(
@@ -55,73 +59,105 @@ def add_job_row(
 
 def add_job_rows(
     s: Session, specs: Sequence[JobSpec], now: datetime, *, array: bool
-) -> list[tuple[JobRow, JobSpec]]:
+) -> list[QueuedRow]:
     """Insert queued jobs and their ``submitted`` events in an open session, in few statements.
 
     With ``array`` each becomes a task of one array (:func:`~jupyter_gpusched.core.models.
     array_task`) whose id is the first job's: that row goes first to learn it, the rest in one
-    batch. Returns each row with the spec it holds (so callers need not read it back).
+    batch. Core inserts, not ORM objects: building and flushing thousands of those was most of
+    a bulk submit. Returns what the job cache keeps of each row (so no caller reads it back).
     """
     if not specs:
         return []
-    out: list[tuple[JobRow, JobSpec]] = []
-    first = specs[0]
     if array:
-        head = _queued_row(first, now)
-        s.add(head)
-        s.flush()
-        first = array_task(first, head.id, 0)
-        head.spec = _spec_json(first)
-        out.append((head, first))
-        rest = [array_task(spec, head.id, i) for i, spec in enumerate(specs[1:], 1)]
+        (head,) = _insert_jobs(s, [_queued_values(specs[0], now)])
+        specs = [array_task(spec, head, i) for i, spec in enumerate(specs)]
+        jobs = JobRow.__table__
+        head_json = _spec_json(specs[0])
+        # Bumped like every change of a row (as the ORM did here), though no one saw the first.
+        s.execute(
+            update(jobs).where(jobs.c.id == head).values(spec=head_json, version=jobs.c.version + 1)
+        )
+        values = [_queued_values(spec, now) for spec in specs[1:]]
+        ids = [head, *_insert_jobs(s, values)]
+        versions = [FIRST_VERSION + 1] + [FIRST_VERSION] * len(values)
+        spec_jsons = [head_json, *(v["spec"] for v in values)]
     else:
-        rest = list(specs)
-    rows = [(_queued_row(spec, now), spec) for spec in rest]
-    s.add_all([row for row, _ in rows])
-    s.flush()  # one batched INSERT ... RETURNING where the database has it
-    out.extend(rows)
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
-    s.add_all(
+        values = [_queued_values(spec, now) for spec in specs]
+        ids = _insert_jobs(s, values)
+        versions = [FIRST_VERSION] * len(values)
+        spec_jsons = [v["spec"] for v in values]
+    add_event_rows(
+        s,
         [
-            EventRow(
-                at=now,
-                job_id=row.id,
-                kind="submitted",
-                from_state=None,
-                to_state=JobState.QUEUED.value,
-                detail={"user": spec.user},
-            )
-            for row, spec in out
-        ]
+            {
+                "at": now,
+                "job_id": job_id,
+                "kind": "submitted",
+                "from_state": None,
+                "to_state": JobState.QUEUED.value,
+                "detail": {"user": spec.user},
+            }
+            for job_id, spec in zip(ids, specs, strict=True)
+        ],
     )
-    return out
+    return [QueuedRow(*row) for row in zip(ids, versions, specs, spec_jsons, strict=True)]
 
 
-def _queued_row(spec: JobSpec, now: datetime) -> JobRow:
-    return JobRow(
-        state=JobState.QUEUED.value,
-        username=spec.user,
-        kind=spec.kind.value,
-        priority_class=spec.priority_class.value,
-        submitted_at=now,
-        node=None,
-        held=False,
-        attempt=0,
-        spec=_spec_json(spec),
-        placement=None,
-        handle={},
-    )
+class QueuedRow(NamedTuple):
+    """A job row just inserted: its id and version, its spec and the JSON stored for it."""
+
+    id: int
+    version: int
+    spec: JobSpec
+    spec_json: dict[str, Any]
 
 
-def queued_job(row: JobRow, spec: JobSpec) -> Job:
+def _insert_jobs(s: Session, values: list[dict[str, Any]]) -> list[int]:
+    """Insert job rows in batched statements; their ids, in the order of ``values``.
+
+    PostgreSQL orders ``RETURNING`` by parameter (SQLAlchemy's sentinel). SQLite cannot, and
+    SQLAlchemy would then insert row by row; there the writer holds the database's only write
+    lock and ``AUTOINCREMENT`` gives each row a larger id than the one before, so the ids sorted
+    are in insertion order.
+    """
+    if not values:
+        return []
+    jobs = JobRow.__table__
+    if s.get_bind().dialect.name == "sqlite":
+        return sorted(s.scalars(insert(jobs).returning(jobs.c.id), values))
+    ordered = insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True)
+    return list(s.scalars(ordered, values))
+
+
+def _queued_values(spec: JobSpec, now: datetime) -> dict[str, Any]:
+    """The columns of a queued job's new row; those left out are NULL (fewer binds per row).
+
+    ``placement`` is given: None in a JSON column is stored as JSON ``null``, as it always was.
+    """
+    return {
+        "version": FIRST_VERSION,
+        "state": JobState.QUEUED.value,
+        "username": spec.user,
+        "kind": spec.kind.value,
+        "priority_class": spec.priority_class.value,
+        "submitted_at": now,
+        "held": False,
+        "attempt": 0,
+        "spec": _spec_json(spec),
+        "placement": None,
+        "handle": {},
+    }
+
+
+def queued_job(job_id: int, spec: JobSpec, now: datetime) -> Job:
     """The model of a row just inserted, from the spec it was made of (nothing re-validated)."""
     return Job.model_construct(
-        id=row.id,
+        id=job_id,
         spec=spec,
         state=JobState.QUEUED,
         held=False,
-        submitted_at=row.submitted_at,
+        submitted_at=now,
         started_at=None,
         finished_at=None,
         last_activity_at=None,
@@ -140,9 +176,25 @@ def add_event_row(s: Session, row: EventRow) -> None:
     ids out of order and a follower reading ``after_id`` would skip one. Holding a lock from
     the insert to the commit makes ids commit in order. (SQLite writers are serial anyway.)
     """
+    _lock_events(s)
+    s.add(row)
+
+
+def add_event_rows(s: Session, values: Sequence[Mapping[str, Any]]) -> None:
+    """Insert event rows, given as column values, in one executemany; last thing before commit.
+
+    Thousands of events at once (a bulk submit, a pass's waiting reasons) cost more as ORM
+    objects than the rest of their transaction. Ordered as :func:`add_event_row` orders them.
+    """
+    if values:
+        _lock_events(s)
+        s.execute(insert(EventRow.__table__), list(values))
+
+
+def _lock_events(s: Session) -> None:
+    """Take the events lock, held until commit, on PostgreSQL (see :func:`add_event_row`)."""
     if s.get_bind().dialect.name == "postgresql":
         s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENTS_LOCK_KEY})
-    s.add(row)
 
 
 def _get_row(s: Session, job_id: int, *, for_update: bool = False) -> JobRow:

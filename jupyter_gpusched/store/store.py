@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    bindparam,
     func,
     or_,
     select,
@@ -72,6 +73,7 @@ from .rows import (
     _gpu_weight,
     _json_fields,
     add_event_row,
+    add_event_rows,
     add_job_row,
     add_job_rows,
     job_from_row,
@@ -204,11 +206,12 @@ class Store:
 
     def add_jobs(self, specs: Sequence[JobSpec], *, array: bool = False) -> list[Job]:
         """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
+        now = self._clock.now()
         with self.write_session() as s:
-            rows = add_job_rows(s, specs, self._clock.now(), array=array)
-        for row, spec in rows:  # the next pass and the events window read them from here
-            self._cache.keep(row, queued_job(row, spec))
-        return [queued_job(row, spec) for row, spec in rows]
+            rows = add_job_rows(s, specs, now, array=array)
+        for row in rows:  # the next pass and the events window read them from here
+            self._cache.keep(queued_job(row.id, row.spec, now), row.version, row.spec_json)
+        return [queued_job(row.id, row.spec, now) for row in rows]
 
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
@@ -272,8 +275,13 @@ class Store:
         )
         query = query.offset(offset) if limit is None else query.limit(limit).offset(offset)
         with self.read_session() as s:
-            total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
             keys = s.execute(query).all()  # one snapshot: the rows read next are these
+            if limit is None or len(keys) < limit:  # a page not full says the total itself
+                total = offset + len(keys) if keys or not offset else None
+            else:
+                total = None
+            if total is None:
+                total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
             jobs = self._jobs_of(s, keys)
         return [jobs[i] for i, _ in keys], total
 
@@ -406,28 +414,49 @@ class Store:
     def set_reasons(self, reasons: Mapping[int, str | None]) -> None:
         """Record why queued jobs wait, in one transaction, each with a ``waiting`` event.
 
-        A job no longer queued (started, cancelled meanwhile) or gone keeps what it has.
+        A job no longer queued (started, cancelled meanwhile) or gone keeps what it has. One
+        executemany UPDATE (after a bulk submit every new job gets its first reason), which
+        bumps each row's version as the ORM would, so every process's job cache sees it.
         """
         now = self._clock.now()
+        jobs = JobRow.__table__
         with self.write_session() as s:
-            queued = JobRow.state == JobState.QUEUED.value
-            rows = s.scalars(select(JobRow).where(JobRow.id.in_(list(reasons)), queued))
-            for row in rows:
-                reason = reasons[row.id]
-                if row.reason == reason:
-                    continue
-                row.reason = reason
-                add_event_row(
-                    s,
-                    EventRow(
-                        at=now,
-                        job_id=row.id,
-                        kind="waiting",
-                        from_state=None,
-                        to_state=None,
-                        detail={"fields": {"reason": reason}},
-                    ),
+            queued = jobs.c.state == JobState.QUEUED.value
+            found = s.execute(
+                select(jobs.c.id, jobs.c.version, jobs.c.reason).where(
+                    jobs.c.id.in_(list(reasons)), queued
                 )
+            )
+            changes = [
+                {"b_id": job_id, "b_version": version, "b_reason": reasons[job_id]}
+                for job_id, version, reason in found
+                if reason != reasons[job_id]
+            ]
+            if not changes:
+                return
+            cas = update(jobs).where(
+                jobs.c.id == bindparam("b_id"), jobs.c.version == bindparam("b_version")
+            )
+            done = s.execute(
+                cas.values(reason=bindparam("b_reason"), version=jobs.c.version + 1), changes
+            )
+            sane = s.get_bind().dialect.supports_sane_multi_rowcount
+            if sane and done.rowcount != len(changes):  # another server changed one meanwhile
+                raise ConflictError("a job changed meanwhile; reload it and try again")
+            add_event_rows(
+                s,
+                [
+                    {
+                        "at": now,
+                        "job_id": change["b_id"],
+                        "kind": "waiting",
+                        "from_state": None,
+                        "to_state": None,
+                        "detail": {"fields": {"reason": change["b_reason"]}},
+                    }
+                    for change in changes
+                ],
+            )
 
     # -- events -------------------------------------------------------------------------------
 
