@@ -122,3 +122,47 @@ async def test_a_pass_writes_a_thousand_waiting_reasons_in_one_transaction(
     assert all((waiting[i] or "").startswith("waiting: not before") for i in ids), waiting[ids[0]]
     writes = [b for b in begins if "IMMEDIATE" in b.upper()]
     assert 1 <= len(writes) <= 3, begins  # not one write per waiting job
+
+
+async def test_concurrent_submits_share_commits_and_each_gets_its_own_job(
+    mem_harness: Harness,
+) -> None:
+    commits: list[int] = []
+    engine = mem_harness.sched.store.engine
+
+    def on_commit(conn: Any) -> None:
+        commits.append(threading.get_ident())
+
+    event.listen(engine, "commit", on_commit)
+    try:
+        specs = [
+            parse_spec({"kind": "script", "command": ["true"], "name": f"s{i}", "user": "alice"})
+            for i in range(40)
+        ]
+        jobs = await asyncio.gather(*(mem_harness.sched.submit_grouped(s) for s in specs))
+    finally:
+        event.remove(engine, "commit", on_commit)
+    names = [job.spec.name for job in jobs]
+    assert names == [f"s{i}" for i in range(40)]  # each caller's own job, in arrival order
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    stored = mem_harness.sched.store.get_jobs(job.id for job in jobs)
+    assert [stored[job.id].spec.name for job in jobs] == names
+    loop_thread = threading.get_ident()
+    writes = [t for t in commits if t != loop_thread]
+    assert 1 <= len(writes) <= 3, len(writes)  # off the loop, and shared: not 40 commits
+
+
+async def test_a_failed_group_commit_fails_its_submitters_and_the_next_one_works(
+    mem_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = mem_harness.sched.store
+    real = store.add_jobs
+    monkeypatch.setattr(store, "add_jobs", lambda specs: (_ for _ in ()).throw(OSError("disk")))
+    spec = parse_spec({"kind": "script", "command": ["true"], "user": "alice"})
+    failed = await asyncio.gather(
+        *(mem_harness.sched.submit_grouped(spec) for _ in range(3)), return_exceptions=True
+    )
+    assert [str(x) for x in failed] == ["disk"] * 3
+    monkeypatch.setattr(store, "add_jobs", real)
+    job = await mem_harness.sched.submit_grouped(spec)
+    assert store.get_job(job.id).state is JobState.QUEUED

@@ -84,7 +84,7 @@ class JobsHandler(ApiHandler):
         count = body.pop("array", None) if isinstance(body, dict) else None
         spec = self._spec(body)
         if count is None:
-            job = sched.submit(spec)
+            job = await sched.submit_grouped(spec)
             self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
             self.write_model(sched.job_view(job, self.viewer), status=201)
             return
