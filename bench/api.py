@@ -6,7 +6,9 @@ cluster) on a store pre-filled with ``--history`` finished jobs, then measures
 - submissions per second through ``POST jobs`` (queued jobs that wait for a far ``not_before``,
   so nothing runs), one client and ``--threads`` clients;
 - ``GET jobs`` latency (p50/p95/p99) for the default page, a state filter, a user filter
-  and a deep offset.
+  and a deep offset, with the server otherwise idle;
+- the same ``GET jobs`` page again while a second process keeps ``--threads`` clients
+  submitting (the load), with the submissions per second that load got meanwhile.
 
 Run: ``.venv/bin/python bench/api.py [--history 10000] [--submits 200] [--threads 8]``
 """
@@ -17,6 +19,7 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +76,41 @@ def latency_ms(call: object, n: int) -> tuple[float, float, float]:
     return statistics.median(samples), q[94], q[98]
 
 
+#: The submission load: its own process (its client threads would share this one's GIL and
+#: slow the measured requests on the client side), submitting until stdin closes.
+LOAD = """
+import sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from jupyter_gpusched.client.api import GpuSchedClient
+client, done, count = GpuSchedClient(sys.argv[1], sys.argv[2]), threading.Event(), [0]
+def submit_until_done(_):
+    while not done.is_set():
+        client.submit(kind="script", command=["true"], not_before=sys.argv[3])
+        count[0] += 1
+with ThreadPoolExecutor(int(sys.argv[4])) as pool:
+    futures = [pool.submit(submit_until_done, i) for i in range(int(sys.argv[4]))]
+    sys.stdin.read()
+    done.set()
+print(count[0])
+"""
+
+
+def under_load(url: str, threads: int, call: object, n: int) -> tuple[float, float, float, float]:
+    """p50/p95/p99 of ``call`` while ``threads`` clients submit; the load's submits/s."""
+    load = subprocess.Popen(
+        [sys.executable, "-c", LOAD, url, TOKEN, FAR_FUTURE, str(threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # let the load reach its pace
+    t0 = time.perf_counter()
+    figures = latency_ms(call, n)
+    elapsed = time.perf_counter() - t0
+    submitted, _ = load.communicate("", timeout=60)
+    return (*figures, int(submitted) / (elapsed + 1.0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--history", type=int, default=10_000, help="finished jobs stored first")
@@ -109,6 +147,11 @@ def main() -> None:
             for label, query in queries.items():
                 p50, p95, p99 = latency_ms(lambda q=query: client.list_jobs(**q), args.gets)
                 print(f"{label:34s} p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  p99 {p99:6.1f} ms")
+            p50, p95, p99, rate = under_load(url, args.threads, client.list_jobs, args.gets * 2)
+            print(
+                f"GET jobs (first 100), {args.threads} clients submitting meanwhile "
+                f"({rate:.0f} submits/s): p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  p99 {p99:6.1f} ms"
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)

@@ -68,11 +68,16 @@ class Placing:
             reasons, self._reasons = self._reasons, {}
             if reasons:
                 # one transaction for the pass, not one per waiting job: a bulk submit of
-                # thousands would otherwise cost thousands of fsyncs on the event loop
-                self.store.set_reasons(reasons)
+                # thousands would otherwise cost thousands of fsyncs; and off the event loop,
+                # where waiting for the write lock (a group commit holds it) stalls requests
+                await asyncio.to_thread(self.store.set_reasons, reasons)
 
     async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
-        queued, _ = self.store.list_jobs(states=[JobState.QUEUED], limit=1_000_000)
+        # In a worker thread: with thousands queued this read is the pass's longest stretch,
+        # and requests answered meanwhile would otherwise wait for all of it.
+        queued, _ = await asyncio.to_thread(
+            self.store.list_jobs, states=[JobState.QUEUED], limit=1_000_000
+        )
         self._history = {}  # each owner's finished jobs, read once per pass
         if not queued:
             self._positions, self._estimates = {}, {}

@@ -285,7 +285,9 @@ class Scheduler(Placing):
             await self._enforce_limits(now, active)
             for hook in self.tick_hooks:
                 await hook(now)
+            await asyncio.sleep(0)  # requests waiting meanwhile go first: a pass is long
             await self._schedule(now, active)
+            await asyncio.sleep(0)
             await self._run_end_hooks()
         await self.notify()
 

@@ -46,6 +46,16 @@ class JobCache:
         self.keep(job, row.version, row.spec)
         return _copy(job)
 
+    def advance(self, job_id: int, version: int, **fields: Any) -> None:
+        """A committed write took the job from ``version`` to the next with these fields.
+
+        Only for writes that change none of the row's JSON columns (a waiting reason).
+        """
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if known is not None and known[0] == version:
+                self._jobs[job_id] = (version + 1, known[1].model_copy(update=fields), known[2])
+
     def keep(self, job: Job, version: int, spec_json: dict[str, Any]) -> None:
         """Keep ``job``, as of its row's ``version`` holding ``spec_json``.
 
