@@ -300,6 +300,25 @@ async def test_subscribers_get_stored_events_then_live_ones_and_cluster_views(
     assert ("cluster", None) in kinds
 
 
+async def test_events_made_while_nobody_listened_are_replayed_once_in_order(
+    mem_harness: Harness,
+) -> None:
+    h = mem_harness
+    jobs = [h.submit(gpus=1, run=Run(duration_s=0)) for _ in range(3)]
+    await h.settle(*(j.id for j in jobs))
+    stored = [e.id for e in h.sched.store.list_events(after_id=0, limit=10_000)]
+    seen: list[int] = []
+
+    async def collect() -> None:
+        async for message in h.sched.subscribe(viewer=None, after_id=0, cluster_every_s=None):
+            seen.append(message.id or 0)
+            if message.id == stored[-1]:
+                return
+
+    await asyncio.wait_for(collect(), timeout=10)
+    assert seen == stored  # all of them, from the store, none twice
+
+
 async def test_a_memory_request_may_share_a_gpu_and_its_reason_says_with_whom(
     mem_harness: Harness,
 ) -> None:
