@@ -29,6 +29,7 @@ from jupyter_gpusched.core.models import (
 )
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
+from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.store import Store
 
 from . import health, moves, waiting
@@ -70,12 +71,12 @@ class Placing:
                 # one transaction for the pass, not one per waiting job: a bulk submit of
                 # thousands would otherwise cost thousands of fsyncs; and off the event loop,
                 # where waiting for the write lock (a group commit holds it) stalls requests
-                await asyncio.to_thread(self.store.set_reasons, reasons)
+                await off_the_loop(self.store.set_reasons, reasons)
 
     async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
         # In a worker thread: with thousands queued this read is the pass's longest stretch,
         # and requests answered meanwhile would otherwise wait for all of it.
-        queued, _ = await asyncio.to_thread(
+        queued, _ = await off_the_loop(
             self.store.list_jobs, states=[JobState.QUEUED], limit=1_000_000
         )
         self._history = {}  # each owner's finished jobs, read once per pass

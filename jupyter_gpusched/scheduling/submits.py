@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from jupyter_gpusched.core.models import Job, JobSpec
+from jupyter_gpusched.store.availability import off_the_loop
 
 
 class GroupCommit:
@@ -37,7 +38,7 @@ class GroupCommit:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                jobs = await asyncio.to_thread(self._write, [spec for spec, _ in batch])
+                jobs = await off_the_loop(self._write, [spec for spec, _ in batch])
             except Exception as exc:  # the store's error is each submitter's answer
                 for _, answer in batch:
                     if not answer.done():

@@ -24,7 +24,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
@@ -34,12 +36,49 @@ from jupyter_gpusched.core.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Pause after a first failure before calls on the loop try the store again; doubles up to max.
 FIRST_PAUSE_S, MAX_PAUSE_S = 1.0, 10.0
 
 
+#: Set (see :func:`for_the_loop`) in worker threads doing the event loop's store calls.
+_FOR_THE_LOOP: ContextVar[bool] = ContextVar("gpusched_for_the_loop", default=False)
+
+
+@contextlib.contextmanager
+def for_the_loop() -> Iterator[None]:
+    """Store calls a worker thread makes for the loop fail as fast as the loop's own.
+
+    Someone waits for them (a request, a pass): a locked store should say so, not hold them.
+    """
+    token = _FOR_THE_LOOP.set(True)
+    try:
+        yield
+    finally:
+        _FOR_THE_LOOP.reset(token)
+
+
+async def off_the_loop(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call`` in a worker thread, for the loop (:func:`for_the_loop`).
+
+    A long read, or a write waiting for the lock, then holds no other request of the server.
+    """
+
+    def run() -> T:
+        with for_the_loop():
+            return call(*args, **kwargs)
+
+    return await asyncio.to_thread(run)
+
+
 def on_event_loop() -> bool:
-    """True in a thread running an asyncio loop (where a blocking call stalls everything)."""
+    """True in a thread running an asyncio loop (a blocking call stalls everything there).
+
+    Also in a worker thread working for one (:func:`for_the_loop`).
+    """
+    if _FOR_THE_LOOP.get():
+        return True
     try:
         asyncio.get_running_loop()
     except RuntimeError:
