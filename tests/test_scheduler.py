@@ -20,6 +20,7 @@ from _fixtures_scheduler import (
     memory_scheduler,
 )
 
+from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.cluster.memory import Run
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.core import windows
@@ -338,3 +339,28 @@ async def test_a_memory_request_may_share_a_gpu_and_its_reason_says_with_whom(
     assert h.job(small.id).reason == (
         f"placed on {first.node} GPU 0,1, 20G of each, sharing them with job {big.id} (alice)"
     )
+
+
+async def test_a_submit_is_started_while_a_periodic_probe_of_the_nodes_hangs(
+    mem_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = mem_harness
+    h.sched.inventory_interval_s = 30.0
+    answer = asyncio.Event()
+    probes: list[bool] = []
+    real = h.sched.backend.inventory
+
+    async def slow(*, refresh: bool = False) -> list[NodeInventory]:
+        probes.append(refresh)
+        await answer.wait()  # a node that takes its time to answer
+        return await real(refresh=refresh)
+
+    monkeypatch.setattr(h.sched.backend, "inventory", slow)
+    h.clock.advance(31)  # the periodic probe is due
+    await asyncio.wait_for(h.sched.tick(), 5)  # starts it beside the passes, waits not
+    job = h.submit(gpus=1, run=Run(duration_s=60))
+    await h.settle(job.id, state=JobState.RUNNING)
+    assert probes == [True]  # still out, and not asked again meanwhile
+    answer.set()
+    await h.until(lambda: h.sched._probing is None)  # the next pass applied its answer
+    assert len(probes) == 1

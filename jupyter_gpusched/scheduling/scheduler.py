@@ -106,6 +106,7 @@ class Scheduler(Placing):
         self._hooks_backlog: set[int] | None = None
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
+        self._probing: asyncio.Task[list[NodeInventory]] | None = None  # a periodic probe
         self._watch = NodeWatch(self._node_down)
         self.tracker = JobTracker(
             store,
@@ -182,6 +183,11 @@ class Scheduler(Placing):
                     await self._task
             self._task = None
             self._stopping = False
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._probing
+            self._probing = None
         if self._lease is not None and self._epoch is not None:
             with contextlib.suppress(Exception):  # a store that is gone frees it by time
                 self._lease.release()
@@ -332,13 +338,30 @@ class Scheduler(Placing):
             self.store.update_job(job.id, handle={**handle, "ended_hooks_done": True}, event=None)
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
+        """Probe the nodes when due; apply a probe's answer.
+
+        The periodic probe (a few hundred ms of SSH round trips) runs beside the passes, and
+        the pass after it finished applies it: a submit that lands meanwhile does not wait for
+        it. The first probe, an asked-for one, one after a node's state changed and, with an
+        interval of 0, every pass's (the simulator, tests) are waited for.
+        """
         mono = self.clock.monotonic()
         due = self._inventory_at is None or mono - self._inventory_at >= self.inventory_interval_s
-        if not (force or due or self._watch.changed(self._inventory)):
+        now = force or self._inventory_at is None or self._watch.changed(self._inventory)
+        if now or (due and self.inventory_interval_s <= 0):
+            probed = await self.backend.inventory(refresh=True)
+        elif self._probing is not None and self._probing.done():
+            task, self._probing = self._probing, None
+            probed = task.result()
+        else:
+            if due and self._probing is None:
+                self._probing = asyncio.create_task(self.backend.inventory(refresh=True))
+                self._probing.add_done_callback(lambda _: self.wake())
+                self._inventory_at = mono
             return
         before = {n.name: n.up for n in self._inventory}
         holding, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
-        self._inventory = attribute_processes(await self.backend.inventory(refresh=True), holding)
+        self._inventory = attribute_processes(probed, holding)
         self._inventory_at = mono
         self._watch.probed(self._inventory)
         self._watch.say(self._inventory)
