@@ -39,6 +39,11 @@ from .serving import AgentEnded, ServingAgent
 _log = logging.getLogger(__name__)
 
 
+def _serving_cap(cfg: NodeConfig) -> int:
+    """Serving agents a node keeps at once (each holds one of its ``max_channels``)."""
+    return max(0, (cfg.max_channels - 2) // 3)
+
+
 @dataclass
 class _Node:
     cfg: NodeConfig
@@ -89,11 +94,14 @@ class NodePool:
         if len(set(names)) != len(names):
             raise ValueError(f"node names must be unique, got {names}")
         self._clock = clock
+        # A node's max_channels are shared out: its serving agents keep theirs (see
+        # _serving_cap), log followers take at most the rest but two, and short commands always
+        # find those two.
         self._nodes = {
             n.name: _Node(
                 n,
-                asyncio.Semaphore(max(1, n.max_channels)),
-                asyncio.Semaphore(max(1, n.max_channels - 2)),
+                asyncio.Semaphore(max(1, n.max_channels - _serving_cap(n))),
+                asyncio.Semaphore(max(1, n.max_channels - 2 - _serving_cap(n))),
             )
             for n in nodes
         }
@@ -477,10 +485,6 @@ class NodePool:
             return RemoteResult(int(reply["exit"]), json.dumps(reply["answer"]), "")
         raise AssertionError("unreachable: the second try returns or raises")
 
-    def _serving_cap(self, st: _Node) -> int:
-        """Serving agents a node keeps: they hold channels the other commands share."""
-        return max(0, (st.cfg.max_channels - 2) // 3) if st.serving else 0
-
     async def _serving(self, st: _Node, user: str | None) -> ServingAgent | None:
         """The node's serving agent for ``user``, started when missing; None: use a fresh one."""
         agent = st.agents.get(user)
@@ -491,23 +495,17 @@ class NodePool:
             agent = st.agents.get(user)
             if agent is not None and not agent.closed:
                 return agent
-            cap = self._serving_cap(st)
+            cap = _serving_cap(st.cfg) if st.serving else 0
             while st.agents and len(st.agents) >= cap:
                 next(iter(st.agents.values())).close()  # the least recently used goes
-            if cap == 0 or st.channels.locked():
+            if cap == 0:
                 return None
             line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
-            await st.channels.acquire()
-            try:
-                conn = await self._connect(st, user)
-                with self._translated(st, conn, "starting the node agent"):
-                    process = await conn.create_process(line, encoding="utf-8")
-            except BaseException:
-                st.channels.release()
-                raise
+            conn = await self._connect(st, user)
+            with self._translated(st, conn, "starting the node agent"):
+                process = await conn.create_process(line, encoding="utf-8")
 
             def closed(agent: ServingAgent) -> None:
-                st.channels.release()
                 if st.agents.get(user) is agent:
                     del st.agents[user]
 
