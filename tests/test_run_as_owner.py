@@ -9,6 +9,7 @@ job dir nor her lease kernel's connection file, nor talk to her kernel (the expl
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -122,6 +123,26 @@ async def run_to_end(backend: SshBackend, job: Job, argv: list[str] | None = Non
     log = await backend.read_log(job)
     assert status.exit_code == 0, log
     return log
+
+
+@pytest.mark.asyncio
+async def test_owners_taking_turns_for_one_serving_agent_each_run_as_themselves(
+    owners_node: OwnersNode, run_as: str, clock: ManualClock
+) -> None:
+    # max_channels 5 leaves room for one serving agent: each owner's launch closes the other's
+    backend = SshBackend([owners_node.node_config(run_as, max_channels=5)], clock=clock)
+    try:
+        for user in ("alice", "bob", "alice", "bob"):
+            job = job_of(user, clock, kind="script", command=["id", "-un"])
+            assert (await run_to_end(backend, job)).decode() == f"{user}\n"
+            assert list(backend._nodes[NODE].agents) == [user]  # one, the last owner's
+        assert backend._nodes[NODE].serving  # closing one to make room is not "cannot serve"
+        # at once: the one serving agent answers one owner, the other gets a fresh agent
+        jobs = [job_of(u, clock, kind="script", command=["id", "-un"]) for u in ("alice", "bob")]
+        logs = await asyncio.gather(*(run_to_end(backend, job) for job in jobs))
+        assert [log.decode() for log in logs] == ["alice\n", "bob\n"]
+    finally:
+        await backend.close()
 
 
 def owner_and_mode(path: str | Path) -> tuple[str, int]:

@@ -468,7 +468,7 @@ class NodePool:
                     self._lost(st, agent.conn, "connection lost")
                     raise BackendError(f"node {node}: connection lost during {args[0]}") from None
                 self._sudo_refused(st, user, agent.exit_status, agent.stderr)
-                if not agent.answered:
+                if not agent.answered and not agent.evicted:
                     _log.warning(
                         "node %s: its agent does not serve requests (%s); each command starts "
                         "one (update jupyter-gpusched there)",
@@ -496,10 +496,13 @@ class NodePool:
             if agent is not None and not agent.closed:
                 return agent
             cap = _serving_cap(st.cfg) if st.serving else 0
-            while st.agents and len(st.agents) >= cap:
-                next(iter(st.agents.values())).close()  # the least recently used goes
-            if cap == 0:
-                return None
+            idle = [a for a in st.agents.values() if not a.busy]  # least recently used first
+            while idle and len(st.agents) >= cap:
+                oldest = idle.pop(0)
+                oldest.evicted = True
+                oldest.close()
+            if len(st.agents) >= cap:
+                return None  # every serving agent is answering someone: a fresh agent
             line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
             conn = await self._connect(st, user)
             with self._translated(st, conn, "starting the node agent"):

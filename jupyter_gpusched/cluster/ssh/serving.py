@@ -29,11 +29,17 @@ class ServingAgent:
         self._process = process
         self.conn = conn
         self.answered = 0  # answers read; none means it never served (an older agent)
+        self.evicted = False  # closed to make room for another account's (not its own end)
         self._on_close = on_close
         self._waiting: deque[asyncio.Future[dict[str, Any]]] = deque()
         self._stderr = ""
         self.closed = False
         self._tasks = (asyncio.create_task(self._answers()), asyncio.create_task(self._errors()))
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call waits for its answer (such an agent is not closed to make room)."""
+        return bool(self._waiting)
 
     @property
     def exit_status(self) -> int | None:
