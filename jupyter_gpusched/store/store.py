@@ -304,18 +304,16 @@ class Store:
     def jobs_with_earlier_attempts(self, states: Iterable[JobState]) -> list[Job]:
         """Jobs in ``states`` whose handle records earlier attempts (``previous``), by id.
 
-        Few jobs ever have one, so the database finds them (a JSON path), and only their ids
-        and handles are read: the tracker asks every tick, and reading the whole queue for it
-        cost as much as the placing pass.
+        Few jobs ever have one, so the database finds them (a JSON path): the tracker asks
+        every tick, and reading the whole queue for it cost as much as the placing pass.
         """
         wanted = [JobState(x).value for x in states]
         has_previous = JobRow.handle["previous"].as_string().is_not(None)  # NULL when absent
+        query = select(JobRow.id, JobRow.version).where(JobRow.state.in_(wanted), has_previous)
         with self.read_session() as s:
-            query = select(JobRow.id, JobRow.handle).where(JobRow.state.in_(wanted), has_previous)
-            rows = s.execute(query)
-            ids = [job_id for job_id, handle in rows if handle and handle.get("previous")]
-        found = self.get_jobs(ids)
-        return [found[i] for i in sorted(found)]
+            keys = s.execute(query.order_by(JobRow.id)).all()
+            found = self._jobs_of(s, keys)
+        return [found[i] for i, _ in keys]
 
     def transition(
         self,
