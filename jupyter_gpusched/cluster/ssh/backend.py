@@ -32,7 +32,8 @@ from jupyter_gpusched.core.models import Job, Placement
 from jupyter_gpusched.node.agent import SERVED
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
-from .pool import NodePool, _Node
+from .pool import _Node
+from .serving import ServingPool
 
 #: ``sh -c`` script for :meth:`SshBackend.poll`; job dir and pid come in as ``$1``/``$2``, never
 #: pasted. /proc/PID/stat is read *before* the exit record: the wrapper writes the record before
@@ -79,7 +80,7 @@ def _epoch(text: str) -> datetime | None:
         return None
 
 
-class SshBackend(NodePool):
+class SshBackend(ServingPool):
     """A :class:`~jupyter_gpusched.cluster.base.Backend` on the node pool's SSH connections."""
 
     async def _agent(

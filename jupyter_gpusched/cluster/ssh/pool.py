@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
 import os
 import shlex
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import asyncssh
 
@@ -34,14 +32,9 @@ from jupyter_gpusched.core.units import format_duration_s
 from ..base import NodeInventory
 from ..portforward import Forwarder, ProcessForward
 from .config import Forward, NodeConfig, RemoteResult, check_account
-from .serving import AgentEnded, ServingAgent
 
-_log = logging.getLogger(__name__)
-
-
-def _serving_cap(cfg: NodeConfig) -> int:
-    """Serving agents a node keeps at once (each holds one of its ``max_channels``)."""
-    return max(0, (cfg.max_channels - 2) // 3)
+if TYPE_CHECKING:
+    from .serving import ServingAgent
 
 
 @dataclass
@@ -62,7 +55,7 @@ class _Node:
     probes: int = 0  # probes started, so concurrent inventory() calls share one
     users: dict[str, Any] = field(default_factory=dict)  # ssh mode: owner -> connection
     user_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # serving agents by account (None: the scheduler's), least recently used first
+    # serving agents (see .serving) by account (None: the scheduler's), least recently used first
     agents: OrderedDict[str | None, ServingAgent] = field(default_factory=OrderedDict)
     agents_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     serving: bool = True  # False once the node's agent turned out not to serve (older install)
@@ -94,14 +87,14 @@ class NodePool:
         if len(set(names)) != len(names):
             raise ValueError(f"node names must be unique, got {names}")
         self._clock = clock
-        # A node's max_channels are shared out: its serving agents keep theirs (see
-        # _serving_cap), log followers take at most the rest but two, and short commands always
+        # A node's max_channels are shared out: long-lived agents keep theirs (see
+        # kept_agents), log followers take at most the rest but two, and short commands always
         # find those two.
         self._nodes = {
             n.name: _Node(
                 n,
-                asyncio.Semaphore(max(1, n.max_channels - _serving_cap(n))),
-                asyncio.Semaphore(max(1, n.max_channels - 2 - _serving_cap(n))),
+                asyncio.Semaphore(max(1, n.max_channels - self.kept_agents(n))),
+                asyncio.Semaphore(max(1, n.max_channels - 2 - self.kept_agents(n))),
             )
             for n in nodes
         }
@@ -111,6 +104,11 @@ class NodePool:
         self.down_after_failures = down_after_failures
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+
+    @staticmethod
+    def kept_agents(cfg: NodeConfig) -> int:
+        """Long-lived agent processes a node keeps, each on a channel of its own (none here)."""
+        return 0
 
     @property
     def node_names(self) -> list[str]:
@@ -311,7 +309,7 @@ class NodePool:
         """Close the connections; jobs keep running on their nodes."""
         conns = [c for st in self._nodes.values() for c in st.all_conns()]
         for st in self._nodes.values():
-            for agent in list(st.agents.values()):
+            for agent in list(st.agents.values()):  # a subclass's (serving.ServingPool)
                 agent.close()
             st.conn = None
             st.users.clear()
@@ -433,87 +431,6 @@ class NodePool:
         self._sudo_refused(st, user, process.returncode, err)
         code = process.returncode if process.returncode is not None else -1
         return RemoteResult(code, out, err)
-
-    async def ask(
-        self,
-        node: str,
-        args: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 60.0,
-        input: str | None = None,
-    ) -> RemoteResult:
-        """One agent subcommand (``launch``, ``status``, ``remove``) through a serving agent.
-
-        The node's serving agent for ``user`` starts on first use and stays; the answer is
-        the one a fresh agent (:meth:`run`) would print. A fresh agent is used instead when the
-        node has no channel to spare for another serving one, or its agent does not serve.
-        The subcommands served are idempotent, so one whose agent ended before answering is
-        asked once more of a new one.
-        """
-        st = self._node(node)
-        for retry in (False, True):
-            agent = await self._serving(st, user)
-            if agent is None:
-                argv = [*st.cfg.agent_argv(), *args]
-                return await self.run(node, argv, user=user, timeout_s=timeout_s, input=input)
-            try:
-                reply = await agent.call(args, input, timeout_s)
-            except TimeoutError:
-                raise BackendError(
-                    f"node {node}: {args[0]} did not finish within {format_duration_s(timeout_s)}"
-                ) from None
-            except AgentEnded:
-                if agent.conn.is_closed():
-                    self._lost(st, agent.conn, "connection lost")
-                    raise BackendError(f"node {node}: connection lost during {args[0]}") from None
-                self._sudo_refused(st, user, agent.exit_status, agent.stderr)
-                if not agent.answered and not agent.evicted:
-                    _log.warning(
-                        "node %s: its agent does not serve requests (%s); each command starts "
-                        "one (update jupyter-gpusched there)",
-                        node,
-                        agent.stderr.strip()[-300:],
-                    )
-                    st.serving = False
-                elif retry:
-                    raise BackendError(
-                        f"node {node}: the node agent ended during {args[0]}: "
-                        f"{agent.stderr.strip()[-500:] or f'exit {agent.exit_status}'}"
-                    ) from None
-                continue
-            return RemoteResult(int(reply["exit"]), json.dumps(reply["answer"]), "")
-        raise AssertionError("unreachable: the second try returns or raises")
-
-    async def _serving(self, st: _Node, user: str | None) -> ServingAgent | None:
-        """The node's serving agent for ``user``, started when missing; None: use a fresh one."""
-        agent = st.agents.get(user)
-        if agent is not None and not agent.closed:
-            st.agents.move_to_end(user)
-            return agent
-        async with st.agents_lock:
-            agent = st.agents.get(user)
-            if agent is not None and not agent.closed:
-                return agent
-            cap = _serving_cap(st.cfg) if st.serving else 0
-            idle = [a for a in st.agents.values() if not a.busy]  # least recently used first
-            while idle and len(st.agents) >= cap:
-                oldest = idle.pop(0)
-                oldest.evicted = True
-                oldest.close()
-            if len(st.agents) >= cap:
-                return None  # every serving agent is answering someone: a fresh agent
-            line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
-            conn = await self._connect(st, user)
-            with self._translated(st, conn, "starting the node agent"):
-                process = await conn.create_process(line, encoding="utf-8")
-
-            def closed(agent: ServingAgent) -> None:
-                if st.agents.get(user) is agent:
-                    del st.agents[user]
-
-            st.agents[user] = agent = ServingAgent(process, conn, closed)
-            return agent
 
     async def _home(self, st: _Node) -> str:
         if st.home is None:

@@ -1,4 +1,4 @@
-"""A serving node agent: one long-lived ``agent serve`` process fed requests over its channel.
+"""Serving node agents: one long-lived ``agent serve`` per node and account, fed requests.
 
 Launching a job through a fresh agent costs a Python start-up on the node (~30 ms of the
 ~70 ms from submit to the job's first instruction); a serving agent pays it once per node and
@@ -11,11 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncssh
+
+from jupyter_gpusched.core.errors import BackendError
+from jupyter_gpusched.core.units import format_duration_s
+
+from .config import NodeConfig, RemoteResult
+from .pool import NodePool, _Node
+
+_log = logging.getLogger(__name__)
 
 
 class AgentEnded(Exception):
@@ -105,3 +114,93 @@ class ServingAgent:
                 answer.set_exception(AgentEnded())
         self._process.close()
         self._on_close(self)
+
+
+class ServingPool(NodePool):
+    """A node pool whose nodes keep serving agents: :meth:`ask` sends a request to one."""
+
+    @staticmethod
+    def kept_agents(cfg: NodeConfig) -> int:
+        """Serving agents a node keeps at once (each holds one of its ``max_channels``)."""
+        return max(0, (cfg.max_channels - 2) // 3)
+
+    async def ask(
+        self,
+        node: str,
+        args: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 60.0,
+        input: str | None = None,
+    ) -> RemoteResult:
+        """One agent subcommand (``launch``, ``status``, ``remove``) through a serving agent.
+
+        The node's serving agent for ``user`` starts on first use and stays; the answer is
+        the one a fresh agent (:meth:`run`) would print. A fresh agent is used instead when the
+        node has no channel to spare for another serving one, or its agent does not serve.
+        The subcommands served are idempotent, so one whose agent ended before answering is
+        asked once more of a new one.
+        """
+        st = self._node(node)
+        for retry in (False, True):
+            agent = await self._serving(st, user)
+            if agent is None:
+                argv = [*st.cfg.agent_argv(), *args]
+                return await self.run(node, argv, user=user, timeout_s=timeout_s, input=input)
+            try:
+                reply = await agent.call(args, input, timeout_s)
+            except TimeoutError:
+                raise BackendError(
+                    f"node {node}: {args[0]} did not finish within {format_duration_s(timeout_s)}"
+                ) from None
+            except AgentEnded:
+                if agent.conn.is_closed():
+                    self._lost(st, agent.conn, "connection lost")
+                    raise BackendError(f"node {node}: connection lost during {args[0]}") from None
+                self._sudo_refused(st, user, agent.exit_status, agent.stderr)
+                if not agent.answered and not agent.evicted:
+                    _log.warning(
+                        "node %s: its agent does not serve requests (%s); each command starts "
+                        "one (update jupyter-gpusched there)",
+                        node,
+                        agent.stderr.strip()[-300:],
+                    )
+                    st.serving = False
+                elif retry:
+                    raise BackendError(
+                        f"node {node}: the node agent ended during {args[0]}: "
+                        f"{agent.stderr.strip()[-500:] or f'exit {agent.exit_status}'}"
+                    ) from None
+                continue
+            return RemoteResult(int(reply["exit"]), json.dumps(reply["answer"]), "")
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    async def _serving(self, st: _Node, user: str | None) -> ServingAgent | None:
+        """The node's serving agent for ``user``, started when missing; None: use a fresh one."""
+        agent = st.agents.get(user)
+        if agent is not None and not agent.closed:
+            st.agents.move_to_end(user)
+            return agent
+        async with st.agents_lock:
+            agent = st.agents.get(user)
+            if agent is not None and not agent.closed:
+                return agent
+            cap = self.kept_agents(st.cfg) if st.serving else 0
+            idle = [a for a in st.agents.values() if not a.busy]  # least recently used first
+            while idle and len(st.agents) >= cap:
+                oldest = idle.pop(0)
+                oldest.evicted = True
+                oldest.close()
+            if len(st.agents) >= cap:
+                return None  # every serving agent is answering someone: a fresh agent
+            line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
+            conn = await self._connect(st, user)
+            with self._translated(st, conn, "starting the node agent"):
+                process = await conn.create_process(line, encoding="utf-8")
+
+            def closed(agent: ServingAgent) -> None:
+                if st.agents.get(user) is agent:
+                    del st.agents[user]
+
+            st.agents[user] = agent = ServingAgent(process, conn, closed)
+            return agent
