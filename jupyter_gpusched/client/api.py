@@ -3,7 +3,8 @@
 Used by ``jupyter gpusched submit|queue|...`` and by the ``%gpu`` magic inside kernels. Answers
 come back as the API's own models (:mod:`jupyter_gpusched.core.api`), checked on arrival. Only
 the standard library for HTTP and for finding the server (so a command or a kernel pays for no
-more imports); the websocket of events uses tornado, which every Jupyter install has.
+more imports; connections are kept alive, :mod:`.transport`); the websocket of events uses
+tornado, which every Jupyter install has.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from jupyter_gpusched.client import transport
 from jupyter_gpusched.core.api import (
     Cluster,
     Definition,
@@ -222,14 +224,14 @@ class GpuSchedClient:
     def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> tuple[bytes, int]:
         """Log bytes from ``offset`` and the offset to ask for next."""
         query = {"offset": offset, "limit": limit}
-        with self._open("GET", f"jobs/{int(job_id)}/log", query=query) as resp:
-            data = resp.read()
-            return data, int(resp.headers.get("X-Log-Offset", offset + len(data)))
+        answer = self._call("GET", f"jobs/{int(job_id)}/log", query=query)
+        data = answer.body
+        return data, int(answer.headers.get("x-log-offset", offset + len(data)))
 
     def follow_log(self, job_id: int, *, offset: int = 0) -> Iterator[bytes]:
         """Log bytes as they are written, until the job ends."""
         query = {"offset": offset, "follow": 1}
-        with self._open("GET", f"jobs/{int(job_id)}/log", query=query, timeout_s=None) as resp:
+        with self._stream(f"jobs/{int(job_id)}/log", query) as resp:
             while chunk := resp.read1(65536):
                 yield chunk
 
@@ -356,48 +358,57 @@ class GpuSchedClient:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"} if self.token else {}
 
-    def _open(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        timeout_s: float | None | bool = False,
-    ) -> Any:
+    def _url(self, path: str, query: dict[str, Any] | None) -> str:
         query = {k: v for k, v in (query or {}).items() if v is not None}
-        url = self.url + API + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        return self.url + API + path + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def _call(
+        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None
+    ) -> transport.Answer:
+        """One request on this thread's kept connection; an error status raises ApiError."""
         data = None if body is None else json.dumps(body).encode()
         headers = self._headers()
         if data is not None:
             headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(url, data=data, method=method, headers=headers)
-        timeout = self.timeout_s if timeout_s is False else timeout_s
         try:
-            return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only
+            answer = transport.request(
+                method, self._url(path, query), body=data, headers=headers, timeout=self.timeout_s
+            )
+        except transport.Unreachable as err:
+            raise ServerNotFoundError(f"cannot reach {self.url}: {err}") from None
+        if answer.status >= 400:
+            raise _api_error(answer)
+        return answer
+
+    def _stream(self, path: str, query: dict[str, Any]) -> Any:
+        """A response to read as it comes (a connection of its own, closed with it)."""
+        req = urllib.request.Request(self._url(path, query), headers=self._headers())
+        try:
+            return urllib.request.urlopen(req)  # noqa: S310 - http(s) only
         except urllib.error.HTTPError as err:
             with err:  # it holds the response (and its socket): read the body, then close
-                raise _api_error(err) from None
+                raise _api_error(
+                    transport.Answer(err.code, str(err.reason), {}, err.read())
+                ) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise ServerNotFoundError(f"cannot reach {self.url}: {reason}") from None
 
     def _model(self, model: type[M], method: str, path: str, **kw: Any) -> M:
-        with self._open(method, path, **kw) as resp:
-            return model.model_validate_json(resp.read())
+        return model.model_validate_json(self._call(method, path, **kw).body)
 
 
-def _api_error(err: urllib.error.HTTPError) -> ApiError:
+def _api_error(answer: transport.Answer) -> ApiError:
     try:
-        body = json.loads(err.read())
+        body = json.loads(answer.body)
         return ApiError(
-            err.code,
+            answer.status,
             str(body["message"]),
             error=str(body.get("error", "")),
             field=body.get("field"),
         )
     except (ValueError, KeyError, TypeError):
-        return ApiError(err.code, f"HTTP {err.code} {err.reason}")
+        return ApiError(answer.status, f"HTTP {answer.status} {answer.reason}")
 
 
 def _slash(url: str) -> str:
