@@ -179,6 +179,38 @@ async def test_a_job_that_ends_within_its_limit_keeps_its_own_exit(mem_harness: 
     assert done.finished_at == done.started_at + timedelta(hours=3)  # type: ignore[operator]
 
 
+async def test_expected_starts_learn_from_a_job_of_the_owner_that_just_ended(
+    tmp_path: Path,
+) -> None:
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:  # batch may fill it
+        await _expected_starts_learn(h)
+
+
+async def _expected_starts_learn(h: Harness) -> None:
+    t0 = h.clock.now()
+    short = h.submit(gpus=1, gpu_models=["T4"], run=Run(duration_s=1800))  # alice's, 30 min
+    await h.settle(short.id, state=JobState.RUNNING)
+    for node_gpus, model, hours in ((8, "A100", 1), (8, "A100", 3.5), (4, "V100", 9), (1, "T4", 9)):
+        hog = h.submit("bob", gpus=node_gpus, gpu_models=[model], max_runtime_s=hours * 3600)
+        await h.settle(hog.id, state=JobState.RUNNING)
+    head = h.submit(gpus=8, gpu_models=["A100"])  # no declared runtime: alice's history says
+    behind = h.submit(gpus=8, gpu_models=["A100"])
+    await h.sched.tick()
+
+    def expected(job_id: int) -> object:
+        return h.sched.job_view(h.job(job_id)).estimated_start
+
+    assert expected(head.id) == t0 + timedelta(hours=1)
+    # Nothing of alice's has ended: the head is guessed at 4 h, so the one behind waits for
+    # the 3.5 h job on the other A100 node.
+    assert expected(behind.id) == t0 + timedelta(hours=3.5)
+    h.clock.advance(1800)
+    await h.settle(short.id)
+    await h.sched.tick()
+    # Her 30-minute job ended: the head is expected to take 30 minutes after its 1 h wait.
+    assert expected(behind.id) == t0 + timedelta(hours=1.5)
+
+
 async def test_interactive_lease_preempts_batch_by_day_and_batch_requeues(
     tmp_path: Path,
 ) -> None:

@@ -147,6 +147,19 @@ def test_a_job_changed_by_another_store_is_read_afresh_and_callers_changes_stay_
     assert store.list_jobs(states=[S.QUEUED]) == ([], 0)
 
 
+def test_shared_reads_hand_out_the_kept_job_and_a_change_makes_a_new_one(
+    store: Store,
+) -> None:
+    job_id = store.add_job(script()).id
+    (a,), _ = store.list_jobs(states=[S.QUEUED], shared=True)
+    (b,), _ = store.list_jobs(states=[S.QUEUED], shared=True)
+    (copy,), _ = store.list_jobs(states=[S.QUEUED])
+    assert a is b and copy is not a and copy == a  # a pass reads thousands: no copies
+    store.set_reasons({job_id: "waiting: no room"})
+    (after,), _ = store.list_jobs(states=[S.QUEUED], shared=True)
+    assert after is not a and (a.reason, after.reason) == (None, "waiting: no room")
+
+
 def test_jobs_kept_from_a_bulk_submit_read_back_as_their_rows(
     store: Store, store_url: str, clock: ManualClock
 ) -> None:

@@ -121,13 +121,17 @@ def order_queue(
     now = _aware(now)
     eligible: list[Job] = []
     skipped: dict[int, str] = {}
+    tz = ZoneInfo(timezone_name)
+    shown: dict[datetime, str] = {}  # many jobs share a not-before time (an array's)
     for job in queued:
         if job.state is not JobState.QUEUED:
             skipped[job.id] = f"not queued ({job.state.value})"
         elif job.held:
             skipped[job.id] = "waiting: held by its owner"
         elif job.spec.not_before is not None and job.spec.not_before > now:
-            when = _local_time(job.spec.not_before, now, ZoneInfo(timezone_name))
+            at = job.spec.not_before
+            if (when := shown.get(at)) is None:
+                when = shown[at] = _local_time(at, now, tz)
             skipped[job.id] = f"waiting: not before {when}"
         else:
             eligible.append(job)

@@ -75,11 +75,11 @@ class Placing:
 
     async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
         # In a worker thread: with thousands queued this read is the pass's longest stretch,
-        # and requests answered meanwhile would otherwise wait for all of it.
+        # and requests answered meanwhile would otherwise wait for all of it. Shared: the pass
+        # only reads the jobs (every change goes through the store), so nothing is copied.
         queued, _ = await off_the_loop(
-            self.store.list_jobs, states=[JobState.QUEUED], limit=1_000_000
+            self.store.list_jobs, states=[JobState.QUEUED], limit=1_000_000, shared=True
         )
-        self._history = {}  # each owner's finished jobs, read once per pass
         if not queued:
             self._positions, self._estimates = {}, {}
             return

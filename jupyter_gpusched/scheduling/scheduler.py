@@ -123,6 +123,8 @@ class Scheduler(Placing):
         self._positions: dict[int, int] = {}
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}
+        # Each owner's latest finished jobs, for runtime estimates: read when first needed and
+        # kept until a job ends (a pass with thousands queued asked for them every time).
         self._history: dict[str, list[Job]] = {}
         self.gpu_history = GpuHistory(gpu_history_samples)
         # How long a node stays kept for the job batch jobs were moved off it for.
@@ -246,6 +248,7 @@ class Scheduler(Placing):
                         if self._reattach:  # just became leader: find running jobs again
                             await self.tracker.poll_active(force=True)
                             self._hooks_backlog = None
+                            self._history.clear()  # jobs the last leader ended
                             self._reattach = False
                         await self.tick()
                 else:
@@ -311,6 +314,7 @@ class Scheduler(Placing):
             await self.launcher.resume(job)
 
     def _note_ended(self, job_id: int) -> None:
+        self._history.clear()  # runtime estimates read the owners' finished jobs again
         if self._hooks_backlog is not None:  # before the first tick the catch-up finds it
             self._hooks_backlog.add(job_id)
 

@@ -28,23 +28,26 @@ class JobCache:
         self._jobs: OrderedDict[int, tuple[int, Job, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()  # the API reads from worker threads too
 
-    def get(self, job_id: int, version: int) -> Job | None:
-        """The job as of ``version``, or None when that version was not read before."""
+    def get(self, job_id: int, version: int, *, shared: bool = False) -> Job | None:
+        """The job as of ``version``, or None when that version was not read before.
+
+        A copy the caller may change, or with ``shared`` the kept object itself (read only).
+        """
         with self._lock:
             known = self._jobs.get(job_id)
             if known is None or known[0] != version:
                 return None
             self._jobs.move_to_end(job_id)
-        return _copy(known[1])
+        return known[1] if shared else _copy(known[1])
 
-    def put(self, row: JobRow) -> Job:
+    def put(self, row: JobRow, *, shared: bool = False) -> Job:
         """The job of ``row``, kept for the next read (its spec re-used when unchanged)."""
         with self._lock:
             known = self._jobs.get(row.id)
         spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
         job = job_from_row(row, spec)
         self.keep(job, row.version, row.spec)
-        return _copy(job)
+        return job if shared else _copy(job)
 
     def advance(self, job_id: int, version: int, **fields: Any) -> None:
         """A committed write took the job from ``version`` to the next with these fields.
@@ -71,9 +74,10 @@ class JobCache:
 def _copy(job: Job) -> Job:
     """A copy callers may change: the handle is its one mutable part (spec, placement frozen).
 
-    What ``model_copy(update={"handle": ...})`` makes, a third of its cost: every pass copies
-    every queued job it reads, thousands of them. The attributes set are pydantic's own
-    (those ``model_construct`` sets).
+    What ``model_copy(update={"handle": ...})`` makes, a third of its cost: a page of jobs
+    copies each. The attributes set are pydantic's own (those ``model_construct`` sets). Kept
+    jobs are never changed in place (a change keeps a new object), so a shared read stays
+    as it was read.
     """
     new = object.__new__(Job)
     fields = job.__dict__.copy()

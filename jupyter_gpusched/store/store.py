@@ -240,12 +240,15 @@ class Store:
         limit: int | None = 100,
         offset: int = 0,
         order: str = "id",
+        shared: bool = False,
     ) -> tuple[list[Job], int]:
         """One page of jobs matching every filter given, and how many match in all.
 
         ``order`` is a column name (``id``, ``submitted_at``, ``state``, ``user``, ``priority``,
         ``started_at``, ``finished_at``), ``-`` in front for descending; ties go by id.
         ``limit=None`` returns every match. ``array_id``: the tasks of one bulk submit.
+        ``shared``: the job cache's own objects, not copies, for a caller that only reads them
+        (a scheduling pass reads the whole queue; copying thousands was a third of a pass).
         """
         desc = order.startswith("-")
         column = _ORDERS.get(order.lstrip("-"))
@@ -282,15 +285,15 @@ class Store:
                 total = None
             if total is None:
                 total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
-            jobs = self._jobs_of(s, keys)
+            jobs = self._jobs_of(s, keys, shared=shared)
         return [jobs[i] for i, _ in keys], total
 
-    def _jobs_of(self, s: Session, keys: Sequence[Any]) -> dict[int, Job]:
+    def _jobs_of(self, s: Session, keys: Sequence[Any], *, shared: bool = False) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
         out: dict[int, Job] = {}
         missing: list[int] = []
         for job_id, version in keys:
-            job = self._cache.get(job_id, version)
+            job = self._cache.get(job_id, version, shared=shared)
             if job is None:
                 missing.append(job_id)
             else:
@@ -298,7 +301,7 @@ class Store:
         for i in range(0, len(missing), _IN_CHUNK):
             chunk = missing[i : i + _IN_CHUNK]
             for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
-                out[row.id] = self._cache.put(row)
+                out[row.id] = self._cache.put(row, shared=shared)
         return out
 
     def jobs_with_earlier_attempts(self, states: Iterable[JobState]) -> list[Job]:
