@@ -25,7 +25,9 @@ from jupyter_gpusched.cluster.memory import Run
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.errors import InfeasibleError
-from jupyter_gpusched.core.models import JobKind, JobState, parse_spec
+from jupyter_gpusched.core.models import Job, JobKind, JobState, parse_spec
+
+FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 __all__ = ["mem_harness"]  # the fixture, imported for its tests
 
@@ -177,6 +179,32 @@ async def test_a_job_that_ends_within_its_limit_keeps_its_own_exit(mem_harness: 
     done = mem_harness.job(job.id)
     assert done.state is JobState.SUCCEEDED
     assert done.finished_at == done.started_at + timedelta(hours=3)  # type: ignore[operator]
+
+
+async def test_end_hooks_run_once_after_a_restart_for_jobs_that_ended_meanwhile(
+    mem_harness: Harness,
+) -> None:
+    h = mem_harness
+    ran = h.submit(gpus=1, run=Run(duration_s=60))
+    cancelled = h.submit(gpus=1, not_before=FAR_FUTURE)
+    await h.settle(ran.id, state=JobState.RUNNING)
+    await h.stop()  # a crash: the job ends and is recorded, its hooks never ran
+    h.sched.store.transition(ran.id, JobState.SUCCEEDED, expect=JobState.RUNNING)
+    h.sched.store.transition(cancelled.id, JobState.CANCELLED, expect=JobState.QUEUED)
+    seen: list[int] = []
+
+    async def hook(job: Job) -> None:
+        seen.append(job.id)
+
+    for _ in range(2):  # a second restart runs nothing again
+        h.sched = h._make()
+        h.sched.end_hooks.append(hook)
+        await h.sched.start()
+        await h.sched.tick()
+        await h.sched.stop()
+    assert seen == [ran.id]  # the one that never started has nothing to finish
+    assert h.job(ran.id).handle["ended_hooks_done"] is True
+    await h.sched.start()  # the fixture stops it
 
 
 async def test_expected_starts_learn_from_a_job_of_the_owner_that_just_ended(

@@ -129,6 +129,18 @@ def test_only_jobs_with_earlier_attempts_are_read_for_reaping(store: Store) -> N
     assert plain not in {j.id for j in found}
 
 
+def test_ended_jobs_missing_a_step_are_found_without_reading_the_rest(store: Store) -> None:
+    never_ran, done, pending, running = (store.add_job(script()).id for _ in range(4))
+    store.transition(never_ran, S.CANCELLED, expect=S.QUEUED)
+    for job_id in (done, pending, running):
+        store.transition(job_id, S.STARTING, expect=S.QUEUED)
+        store.transition(job_id, S.RUNNING, expect=S.STARTING)
+    for job_id in (done, pending):
+        store.transition(job_id, S.SUCCEEDED, expect=S.RUNNING)
+    store.update_job(done, handle={"ended_hooks_done": True})
+    assert store.ended_without("ended_hooks_done") == [pending]
+
+
 def test_a_job_changed_by_another_store_is_read_afresh_and_callers_changes_stay_theirs(
     store: Store, store_url: str, clock: ManualClock
 ) -> None:

@@ -323,10 +323,7 @@ class Scheduler(Placing):
         if not self.end_hooks:
             return
         if self._hooks_backlog is None:  # first tick after start: catch up on a crash
-            ended, _ = self.store.list_jobs(states=list(TERMINAL_STATES), limit=None)
-            self._hooks_backlog = {
-                j.id for j in ended if j.started_at and not j.handle.get("ended_hooks_done")
-            }
+            self._hooks_backlog = set(self.store.ended_without("ended_hooks_done"))
         pending, self._hooks_backlog = self._hooks_backlog, set()
         for job in (self.store.get_job(i) for i in sorted(pending)):
             if job.state not in TERMINAL_STATES:

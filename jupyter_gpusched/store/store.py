@@ -318,6 +318,21 @@ class Store:
             found = self._jobs_of(s, keys)
         return [found[i] for i, _ in keys]
 
+    def ended_without(self, flag: str) -> list[int]:
+        """Ids of jobs that ran and ended whose handle lacks ``flag``, oldest first.
+
+        For a step every ended job gets once (the end hooks): asked at start-up, when the
+        whole history (every job the lab ever ran) would otherwise be read to find a few.
+        """
+        terminal = [x.value for x in TERMINAL_STATES]
+        query = select(JobRow.id).where(
+            JobRow.state.in_(terminal),
+            JobRow.started_at.is_not(None),
+            JobRow.handle[flag].as_string().is_(None),
+        )
+        with self.read_session() as s:
+            return list(s.scalars(query.order_by(JobRow.id)))
+
     def transition(
         self,
         job_id: int,
