@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _fixtures_polling import wait_for_async
 from _fixtures_scheduler import Harness, mem_harness
 from sqlalchemy import event
 
@@ -86,10 +87,10 @@ async def test_a_burst_of_submits_wakes_one_pass(mem_harness: Harness) -> None:
     passes = 0
     tick = mem_harness.sched.tick
 
-    async def counted() -> None:
+    async def counted(**kw: bool) -> None:
         nonlocal passes
         passes += 1
-        await tick()
+        await tick(**kw)
 
     mem_harness.sched.tick = counted  # type: ignore[method-assign]
     await asyncio.sleep(0.2)  # the loop settles after start
@@ -168,3 +169,23 @@ async def test_a_failed_group_commit_fails_its_submitters_and_the_next_one_works
     monkeypatch.setattr(store, "add_jobs", real)
     job = await mem_harness.sched.submit_grouped(spec)
     assert store.get_job(job.id).state is JobState.QUEUED
+
+
+async def test_a_pass_a_submit_asks_for_places_it_and_leaves_upkeep_to_the_interval(
+    mem_harness: Harness,
+) -> None:
+    sched = mem_harness.sched
+    upkeeps: list[bool] = []
+    tick = sched.tick
+
+    async def recorded(*, upkeep: bool = True) -> None:
+        upkeeps.append(upkeep)
+        await tick(upkeep=upkeep)
+
+    sched.tick = recorded  # type: ignore[method-assign]
+    await asyncio.sleep(0.2)  # the first pass, with its upkeep, is behind us
+    upkeeps.clear()
+    job = mem_harness.submit(gpus=1)
+    await wait_for_async(lambda: mem_harness.job(job.id).state is JobState.RUNNING)
+    assert upkeeps[0] is False  # placed at once, without redoing what was just done
+    await wait_for_async(lambda: True in upkeeps, timeout_s=5)  # then the interval's pass

@@ -145,6 +145,10 @@ class Scheduler(Placing):
         # (longer when passes take longer), so a burst of submits costs one pass, not one each.
         self.wake_coalesce_s = 0.02
         self._pass_s = 0.0  # how long the last pass took
+        # When a pass last did its upkeep, in the loop's time like the interval's timeout (a
+        # manual clock that stands still must not put upkeep off for good).
+        self._upkeep_at: float | None = None
+        self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
         self._group = GroupCommit(lambda specs: self.store.add_jobs(specs), self.wake)
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
@@ -250,7 +254,7 @@ class Scheduler(Placing):
                             self._hooks_backlog = None
                             self._history.clear()  # jobs the last leader ended
                             self._reattach = False
-                        await self.tick()
+                        await self.tick(upkeep=self._upkeep_due())
                 else:
                     await self._refresh_inventory()  # views stay live while standing by
                     await self.notify()
@@ -266,8 +270,10 @@ class Scheduler(Placing):
             ended = self.clock.monotonic()
             self._pass_s = ended - began
             with contextlib.suppress(TimeoutError):
+                self._woken = False
                 async with asyncio.timeout(self.tick_interval_s):
                     await self._wake.wait()
+                    self._woken = True
                     # Let the changes of a burst gather into one pass: the next starts at least
                     # twice as long after this one as a pass takes (capped), so passes hold the
                     # loop a third of the time at most while requests pour in. A wake after a
@@ -281,19 +287,32 @@ class Scheduler(Placing):
         self._wake.set()
 
     # ------------------------------------------------------------------ the pass
-    async def tick(self) -> None:
-        """One scheduling pass."""
+    def _upkeep_due(self) -> bool:
+        """Whether the next pass does its upkeep: always, but on a wake soon after the last."""
+        if not self._woken or self._upkeep_at is None:
+            return True
+        return asyncio.get_running_loop().time() - self._upkeep_at >= self.tick_interval_s
+
+    async def tick(self, *, upkeep: bool = True) -> None:
+        """One scheduling pass.
+
+        ``upkeep=False``: placing only. A pass a submit asked for between the interval's
+        passes skips what the last one did moments ago (resuming cut launches, polling,
+        reaping, runtime limits, the tick hooks), which was a fifth of submit -> start.
+        """
         async with self._tick_lock:
             now = self.clock.now()
             active = windows.resolve_window(self.policy, now)
             await self._refresh_inventory()
-            await self._resume_launches()
-            await self.tracker.poll_active()
-            await self._refresh_inventory()  # a node its jobs were just lost on shows down now
-            await self.tracker.reap_stale()
-            await self._enforce_limits(now, active)
-            for hook in self.tick_hooks:
-                await hook(now)
+            if upkeep:
+                self._upkeep_at = asyncio.get_running_loop().time()
+                await self._resume_launches()
+                await self.tracker.poll_active()
+                await self._refresh_inventory()  # a node its jobs were lost on shows down now
+                await self.tracker.reap_stale()
+                await self._enforce_limits(now, active)
+                for hook in self.tick_hooks:
+                    await hook(now)
             await asyncio.sleep(0)  # requests waiting meanwhile go first: a pass is long
             await self._schedule(now, active)
             await asyncio.sleep(0)
