@@ -21,6 +21,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.behaviour = behaviour  # "answer", "close-after-answer", "drop-second-request"
         self.connections = 0
         self.requests: list[str] = []
+        self.paths: list[str] = []
         self.closed = threading.Event()  # the server hung up on a connection
 
     def shutdown_request(self, request: Any) -> None:
@@ -40,6 +41,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.server.requests.append(self.command)
+        self.server.paths.append(self.path)
         if self.server.behaviour == "drop-second-request" and len(self.server.requests) == 2:
             self.close_connection = True  # read it, then hang up without answering
             return
@@ -66,6 +68,13 @@ def _serve(behaviour: str) -> Iterator[_Server]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's own proxy settings must not route these loopback requests."""
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -125,3 +134,20 @@ def test_a_get_cut_off_on_a_kept_connection_is_asked_once_more(server: _Server) 
 def test_a_server_that_is_not_there_is_unreachable() -> None:
     with pytest.raises(transport.Unreachable):
         transport.request("GET", "http://127.0.0.1:9/", body=None, headers={}, timeout=5)
+
+
+@pytest.mark.parametrize("server", ["answer"], indirect=True)
+def test_a_server_behind_a_proxy_is_asked_through_it_unless_no_proxy_says_otherwise(
+    server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("http_proxy", proxy)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("ALL_PROXY", raising=False)
+    url = "http://gpusched.lab.invalid:8888/gpusched/api/jobs"
+    answer = transport.request("GET", url, body=None, headers={}, timeout=5)
+    assert answer.body == b"GET 1" and server.paths == [url]  # the proxy got the whole URL
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    assert _call(server, "GET").body == b"GET 2"
+    assert server.paths[1] == "/gpusched/api/jobs"  # straight to the server

@@ -59,7 +59,9 @@ def request(
 ) -> Answer:
     """Send one request and read its whole answer (errors are answers too, not raised)."""
     parts = urllib.parse.urlsplit(url)
-    if _proxied(parts):
+    kept: _Kept | None = getattr(_local, "kept", None)
+    # Whether a proxy applies is asked when a connection opens (it reads the environment).
+    if (kept is None or kept.key != (parts.scheme, parts.netloc)) and _proxied(parts):
         return _via_urllib(method, url, body, headers, timeout)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     for attempt in (1, 2):
