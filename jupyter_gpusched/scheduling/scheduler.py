@@ -2,9 +2,10 @@
 
 Each :meth:`Scheduler.tick` is one pass: refresh inventory (when due), poll running jobs
 (:class:`.tracking.JobTracker` records what they did), enforce runtime and idle limits, then
-place queued jobs in policy order. The store is the
-truth — every decision is written there before or right after acting, so a restart finds
-everything again (:meth:`Scheduler.start` reattaches running jobs).
+place queued jobs in policy order (:mod:`.placing`); a pass a submit asks for between the
+interval's passes only places. What requests ask of the queue is :mod:`.actions`. The store
+is the truth — every decision is written there before or right after acting, so a restart
+finds everything again (:meth:`Scheduler.start` reattaches running jobs).
 """
 
 from __future__ import annotations
@@ -19,20 +20,13 @@ from typing import Any
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import (
-    ConflictError,
-    ForbiddenError,
-    InfeasibleError,
-    UnavailableError,
-)
+from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     Job,
     JobKind,
-    JobSpec,
     JobState,
-    PriorityClass,
 )
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.packing import packer
@@ -40,11 +34,11 @@ from jupyter_gpusched.packing.inventory import (
     attribute_processes,
     build_state,
     node_shape,
-    pack_request,
 )
 from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 
+from .actions import JobActions
 from .events import EventHub
 from .health import NO_NODE, NodeWatch
 from .history import GpuHistory
@@ -70,7 +64,7 @@ def script_command(job: Job) -> Sequence[str]:
     return job.spec.command
 
 
-class Scheduler(Placing):
+class Scheduler(JobActions, Placing):
     """One cluster queue. All public methods are safe to call from request handlers."""
 
     def __init__(
@@ -448,173 +442,6 @@ class Scheduler(Placing):
         jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
         return state, dict(state.index)
-
-    # ------------------------------------------------------------------ API actions
-    def submit(self, spec: JobSpec) -> Job:
-        """Queue a job; refuse at once a request no node could ever hold."""
-        self._admit(spec)
-        job = self.store.add_job(spec)
-        self.wake()
-        return job
-
-    async def submit_grouped(self, spec: JobSpec) -> Job:
-        """:meth:`submit` for concurrent callers: committed off the loop, with the others'."""
-        self._admit(spec)
-        return await self._group.submit(spec)
-
-    def submit_many(self, specs: Sequence[JobSpec], *, array: bool = True) -> list[Job]:
-        """Queue several jobs in one transaction, all or none (a bulk submit, or an array).
-
-        Each is admitted as :meth:`submit` admits one; the first refusal refuses them all,
-        naming the job by its 0-based index. The copies of an array's spec are judged once.
-        """
-        for i, spec in enumerate(specs):
-            if i and spec is specs[i - 1]:
-                continue
-            try:
-                self._admit(spec)
-            except InfeasibleError as exc:
-                raise InfeasibleError(f"job {i} of {len(specs)}: {exc.message}") from None
-        jobs = self.store.add_jobs(specs, array=array)
-        self.wake()
-        return jobs
-
-    def _admit(self, spec: JobSpec) -> None:
-        self.check_feasible(spec)
-        if spec.kind not in self.commands:
-            raise InfeasibleError(f"{spec.kind.value} jobs are not enabled on this server")
-
-    def check_feasible(self, spec: JobSpec) -> None:
-        """Raise InfeasibleError, saying what would fit, if no node could ever hold ``spec``.
-
-        Judged against the empty cluster's shapes (kept until the nodes change), never the
-        queue or the store; the answer is kept per request shape, so a submit like an earlier
-        one costs a dictionary lookup.
-        """
-        if not any(n.gpus or n.cpus for n in self._inventory):
-            return  # no node ever answered: nothing to judge against
-        empty = self._empty_state()
-        request = pack_request(spec)
-        key = (self._base_key, request)
-        if key not in self._feasible:
-            if len(self._feasible) >= 4096:
-                self._feasible.clear()
-            reply = packer.pack(empty, request, policy="first_fit")
-            never = reply.node is None and not reply.feasible_ever
-            self._feasible[key] = reply.reason if never else None
-        if (reason := self._feasible[key]) is not None:
-            raise InfeasibleError(f"this job can never fit: {reason}")
-
-    def get_job(self, job_id: int) -> Job:
-        """One job (NotFoundError if absent)."""
-        return self.store.get_job(job_id)
-
-    def list_jobs(self, **filters: Any) -> tuple[list[Job], int]:
-        """A page of jobs and the total matching the filters."""
-        return self.store.list_jobs(**filters)
-
-    def job_view(self, job: Job, viewer: api.Viewer | None = None) -> api.JobView:
-        """The API's JSON for a job as ``viewer`` may see it, position and expected start.
-
-        ``viewer`` None: everything (the server's own use, never an answer to a request).
-        """
-        if job.state is not JobState.QUEUED:
-            return api.JobView.of(job, viewer=viewer)
-        return api.JobView.of(job, self._positions.get(job.id), viewer, self._estimates.get(job.id))
-
-    def _check_owner(self, job: Job, user: str, admin: bool) -> None:
-        if user != job.user and not admin and user not in self.admins:
-            raise ForbiddenError(
-                f"job {job.id} belongs to {job.user}; only its owner or an admin may change it"
-            )
-
-    async def cancel(
-        self, job_id: int, *, user: str, admin: bool = False, reason: str | None = None
-    ) -> Job:
-        """Cancel a queued job, or stop a running one (TERM, then KILL after the grace).
-
-        ``admin``: the caller administers the queue (the server's authentication says so).
-        """
-        job = self.store.get_job(job_id)
-        self._check_owner(job, user, admin)
-        if job.state in TERMINAL_STATES:
-            raise ConflictError(f"job {job_id} already {job.state.value}; nothing to cancel")
-        reason = reason or f"cancelled by {user}"
-        if job.state in (JobState.QUEUED, JobState.PREEMPTED, JobState.LOST):
-            job = self.tracker.move(
-                job_id, JobState.CANCELLED, reason=reason, finished_at=self.clock.now()
-            )
-        else:
-            handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
-            job = self.store.update_job(job_id, handle=handle, event="stopping")
-            if launched(job):
-                await self.backend.cancel(job, grace_s=self.cancel_grace_s)
-                job = await self.tracker.settle_stopped(job_id)
-            else:
-                # Its launch has not returned: the launcher stops it once it does, or claims
-                # its attempt so that it never starts (a pass away).
-                self.wake()
-                job = await self._settled(job_id, self.cancel_grace_s + 5.0)
-        self.wake()
-        await self.notify()
-        return job
-
-    async def _settled(self, job_id: int, timeout_s: float) -> Job:
-        """The job once it left the active states, or as it is after ``timeout_s``."""
-        deadline = self.clock.monotonic() + timeout_s
-        job = self.store.get_job(job_id)
-        while job.state in ACTIVE_STATES and self.clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            job = self.store.get_job(job_id)
-        return job
-
-    def update(
-        self,
-        job_id: int,
-        *,
-        user: str,
-        admin: bool = False,
-        priority: PriorityClass | None = None,
-        held: bool | None = None,
-    ) -> Job:
-        """Change a job's priority class or hold it in the queue."""
-        job = self.store.get_job(job_id)
-        self._check_owner(job, user, admin)
-        if job.state in TERMINAL_STATES:
-            raise ConflictError(f"job {job_id} already {job.state.value}; it cannot change")
-        fields: dict[str, Any] = {}
-        if priority is not None:
-            fields["spec"] = job.spec.model_copy(update={"priority": priority})
-        if held is not None:
-            fields["held"] = held
-        if not fields:
-            return job
-        job = self.store.update_job(job_id, **fields)
-        self.wake()
-        return job
-
-    def touch(self, job_id: int) -> Job:
-        """Record activity on a lease (a cell ran), postponing idle reclaim."""
-        return self.store.update_job(job_id, last_activity_at=self.clock.now(), event=None)
-
-    async def read_log(self, job_id: int, *, offset: int = 0, limit: int = 65536) -> bytes:
-        """A slice of the job's log ('' before it started)."""
-        job = self.store.get_job(job_id)
-        if not job.handle.get("log"):
-            return b""
-        return await self.backend.read_log(job, offset=offset, limit=limit)
-
-    async def follow_log(self, job_id: int, *, offset: int = 0) -> AsyncIterator[bytes]:
-        """Log bytes as they are written, until the job ends."""
-        while True:
-            job = self.store.get_job(job_id)
-            if job.handle.get("log"):
-                break
-            if job.state in TERMINAL_STATES:
-                return
-            await asyncio.sleep(0.2)
-        async for chunk in self.backend.follow_log(job, offset=offset):
-            yield chunk
 
     # ------------------------------------------------------------------ views and events
     def snapshot(self) -> ClusterSnapshot:
