@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpusched.node import agent
+from jupyter_gpusched.node import agent, jobs
 
 AGENT = [sys.executable, "-m", "jupyter_gpusched.node.agent"]
 
@@ -107,7 +107,7 @@ def test_the_wrapper_records_the_end_even_when_its_agent_died_before_reading(
     pid = os.fork()
     if pid == 0:
         argv, env = ["sh", "-c", "exit 4"], dict(os.environ)
-        os._exit(agent._wrap(str(job_dir), argv, env, write_fd, "log", 0o022))
+        os._exit(jobs._wrap(str(job_dir), argv, env, write_fd, "log", 0o022))
     os.close(write_fd)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
