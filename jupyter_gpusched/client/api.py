@@ -384,7 +384,7 @@ class GpuSchedClient:
         """A response to read as it comes (a connection of its own, closed with it)."""
         req = urllib.request.Request(self._url(path, query), headers=self._headers())
         try:
-            return urllib.request.urlopen(req)  # noqa: S310 - http(s) only
+            return urllib.request.build_opener().open(req)  # the environment's proxies now
         except urllib.error.HTTPError as err:
             with err:  # it holds the response (and its socket): read the body, then close
                 raise _api_error(

@@ -141,7 +141,8 @@ def _via_urllib(
 ) -> Answer:
     req = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only
+        # A fresh opener: urlopen's own is built once and keeps the proxies of its first use.
+        with urllib.request.build_opener().open(req, timeout=timeout) as resp:
             return Answer(resp.status, resp.reason, _lower(resp.headers), resp.read())
     except urllib.error.HTTPError as err:
         with err:  # it holds the response (and its socket): read the body, then close
