@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import backfill, policy, windows
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import (
-    ConflictError,
-)
+from jupyter_gpusched.core.errors import ConflictError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,
@@ -35,6 +34,9 @@ from jupyter_gpusched.store.store import Store
 from . import health, moves, waiting
 from .launching import Launcher
 from .tracking import JobTracker
+
+#: A queue this long (at the last pass) is read in a worker thread.
+_LONG_QUEUE = 500
 
 
 class Placing:
@@ -56,8 +58,11 @@ class Placing:
     _history: dict[str, list[Job]]
     _no_move: tuple[Any, ...] | None
     _reasons: dict[int, str | None]  # waiting reasons found by the pass under way
+    _queue_was: int  # how many the last pass found queued
 
-    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
+    def _cluster_state(
+        self, active_jobs: Sequence[Job] | None = None
+    ) -> tuple[packer.ClusterState, dict[str, int]]:
         raise NotImplementedError  # the scheduler's
 
     async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
@@ -74,16 +79,18 @@ class Placing:
                 await off_the_loop(self.store.set_reasons, reasons)
 
     async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
-        # In a worker thread: with thousands queued this read is the pass's longest stretch,
-        # and requests answered meanwhile would otherwise wait for all of it. Shared: the pass
-        # only reads the jobs (every change goes through the store), so nothing is copied.
-        queued, _ = await off_the_loop(
-            self.store.list_jobs, states=[JobState.QUEUED], limit=1_000_000, shared=True
-        )
+        # In a worker thread when the queue was long: with thousands queued this read is the
+        # pass's longest stretch, and requests answered meanwhile would otherwise wait for all
+        # of it; a short one costs less than the hop (submit -> start pays it). Shared: the
+        # pass only reads the jobs (every change goes through the store), so nothing is copied.
+        read = partial(self.store.list_jobs, states=[JobState.QUEUED], limit=None, shared=True)
+        queued, _ = await off_the_loop(read) if self._queue_was >= _LONG_QUEUE else read()
+        self._queue_was = len(queued)
         if not queued:
             self._positions, self._estimates = {}, {}
             return
-        state, _ = self._cluster_state()
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        state, _ = self._cluster_state(running)
         records = _usage(self.store.usage_records(since=now - timedelta(days=14)))
         usage = policy.fair_share_usage(records, self.policy.fairshare_half_life_s, now)
         order = policy.order_queue(queued, usage, now, active.window)
@@ -97,7 +104,7 @@ class Placing:
                 self._set_reason(job, nothing_up)
             self._estimates = {}
             return
-        ctx = self._admission_context(now, active, state, records)
+        ctx = self._admission_context(now, active, state, records, running)
         head: backfill.Reservation | None = None
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
@@ -181,9 +188,9 @@ class Placing:
         active: windows.ActiveWindow,
         state: packer.ClusterState,
         records: Sequence[policy.UsageRecord],
+        running: Sequence[Job],
     ) -> policy.AdmissionContext:
         """What admission weighs; ``records``: the pass's usage, of which the last day counts."""
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         day_ago = now - timedelta(days=1)
         return policy.AdmissionContext.build(
             config=self.policy,

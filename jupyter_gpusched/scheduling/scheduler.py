@@ -117,6 +117,7 @@ class Scheduler(JobActions, Placing):
         self._positions: dict[int, int] = {}
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}
+        self._queue_was = 0
         # Each owner's latest finished jobs, for runtime estimates: read when first needed and
         # kept until a job ends (a pass with thousands queued asked for them every time).
         self._history: dict[str, list[Job]] = {}
@@ -438,17 +439,21 @@ class Scheduler(JobActions, Placing):
             self._base_key = key
         return self._base
 
-    def _cluster_state(self) -> tuple[packer.ClusterState, dict[str, int]]:
-        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        state = build_state(self._empty_state(), self._inventory, jobs, self._node_down)
+    def _cluster_state(
+        self, active_jobs: Sequence[Job] | None = None
+    ) -> tuple[packer.ClusterState, dict[str, int]]:
+        """The packer's state: the nodes with ``active_jobs`` (default: read them) placed."""
+        if active_jobs is None:
+            active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        state = build_state(self._empty_state(), self._inventory, active_jobs, self._node_down)
         return state, dict(state.index)
 
     # ------------------------------------------------------------------ views and events
     def snapshot(self) -> ClusterSnapshot:
         """Inventory, packer state and active jobs at this instant, for the views."""
         now = self.clock.now()
-        state, _ = self._cluster_state()
-        active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        state, _ = self._cluster_state(active_jobs)
         _, queued = self.store.list_jobs(states=[JobState.QUEUED], limit=0)
         return ClusterSnapshot(
             inventory=self._inventory,
