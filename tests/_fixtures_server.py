@@ -112,7 +112,8 @@ def jp_server_config(tmp_path: Path, gpusched_overrides: dict[str, Any]) -> Conf
                 "identity_provider_class": HeaderIdentityProvider,
                 "reraise_server_extension_failures": True,
             },
-            "GpuSchedApp": extension_config(tmp_path, **gpusched_overrides),
+            # In-process: the test's own heap is not frozen (tests find leaks through gc).
+            "GpuSchedApp": extension_config(tmp_path, **{"gc_freeze": False, **gpusched_overrides}),
         }
     )
 

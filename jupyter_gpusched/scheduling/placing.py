@@ -177,9 +177,11 @@ class Placing:
             if job.spec.not_before is not None and not job.held:
                 waits.append(job)
                 floors[job_id] = job.spec.not_before
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        self._estimates = waiting.expected_starts(
-            waits, floors, running, state, now, self._estimate
+        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        # In a worker thread: a backfill profile for hundreds of waiting jobs is the pass's
+        # longest stretch of pure computation, and requests meanwhile would wait for all of it.
+        self._estimates = await off_the_loop(
+            waiting.expected_starts, waits, floors, running, state, now, self._estimate
         )
 
     def _admission_context(

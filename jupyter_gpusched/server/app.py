@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Float, Int, List, Set, Type, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, Set, Type, Unicode, default, validate
 from traitlets import TraitError as _TraitError
 from traitlets.config import Configurable
 
@@ -170,6 +170,12 @@ class GpuSchedApp(ExtensionApp):
         help="""Log follows (GET jobs/{id}/log?follow=1) one user may hold open at once; more
         are refused with 429. Each holds an SSH channel on the job's node.""",
     ).tag(config=True)
+    gc_freeze = Bool(
+        True,
+        help="""Freeze what survives each of Python's full garbage collections (and sweep
+        everything hourly): with thousands of jobs cached, each full collection otherwise
+        stops the server for 150-200 ms. See jupyter_gpusched.server.gc_pauses.""",
+    ).tag(config=True)
     store_retry_max_s = Float(
         30.0,
         min=1.0,
@@ -271,6 +277,7 @@ class GpuSchedApp(ExtensionApp):
         self.start_error: UnavailableError | None = None  # why the scheduler waits
         self._sim: Any = None
         self._sync: Any = None
+        self._gc: Any = None  # the GcFreezer while the scheduler runs here
         self.link = self._service_link()
         self.mode = "client" if self.link else "service" if self._in_service() else "embedded"
         self.settings["gpusched_mode"] = self.mode
@@ -341,6 +348,11 @@ class GpuSchedApp(ExtensionApp):
             ready.set()
             self.log.info("gpusched | forwarding to the lab's service at %s", self.link.url)
             return
+        if self.gc_freeze:
+            from .gc_pauses import GcFreezer
+
+            self._gc = GcFreezer()
+            self._gc.start()
         try:
             scheduler = await self._build_scheduler()
             if self.mode == "service":
@@ -355,6 +367,9 @@ class GpuSchedApp(ExtensionApp):
             return
         except BaseException:
             await self._stop_sim()
+            if self._gc is not None:
+                self._gc.stop()
+                self._gc = None
             ready.set()  # waiting handlers answer 503 now instead of timing out
             raise
         self._started(serverapp, scheduler)
@@ -435,6 +450,9 @@ class GpuSchedApp(ExtensionApp):
                     await plugin.shutdown(scheduler)
             await scheduler.stop()
         await self._stop_sim()
+        if self._gc is not None:
+            self._gc.stop()
+            self._gc = None
         logging.getLogger(PACKAGE_LOG).parent = logging.getLogger()  # this server is gone
         for name, old in getattr(self, "_saved_env", {}).items():
             if old is None:
