@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
@@ -47,7 +48,7 @@ class JobActions:
     _inventory: list[NodeInventory]
     _base_key: tuple[Any, ...]
     _positions: dict[int, int]
-    _estimates: dict[int, Any]
+    _estimates: dict[int, datetime | None]
     _feasible: dict[tuple[Any, ...], str | None]
     _group: GroupCommit
 
