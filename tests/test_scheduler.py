@@ -8,8 +8,10 @@ SSH, lost nodes and restarts do is in ``test_scheduler_sim.py``.
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fixtures_polling import wait_for_async
@@ -26,6 +28,7 @@ from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.errors import InfeasibleError
 from jupyter_gpusched.core.models import Job, JobKind, JobState, parse_spec
+from jupyter_gpusched.packing import packer
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
@@ -138,6 +141,40 @@ async def test_a_fragmented_cluster_names_the_free_gpus_per_node_not_the_window(
         )
         ends = sorted(h.job(j.id).started_at + timedelta(hours=i + 1) for i, j in enumerate(busy))  # type: ignore[operator]
         assert h.sched.job_view(h.job(big.id)).estimated_start == ends[0]
+
+
+async def test_look_alike_waiting_jobs_ask_the_packer_once_per_shape_until_a_placement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy cluster with a long queue of jobs that fit nowhere: each pass asked the packer
+    # (and built the reason) once per job, 100 us each, so a pass grew with the queue.
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
+        busy = [
+            h.submit(gpus=g, max_runtime_s=3600 * (i + 1), gpu_models=[m])
+            for i, (g, m) in enumerate([(5, "A100"), (5, "A100"), (3, "V100"), (2, "T4")])
+        ]
+        await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+        early = [h.submit(gpus=8) for _ in range(30)]
+        small = h.submit(gpus=1, max_runtime_s=60)  # fits now: the state changes after it
+        late = [h.submit(gpus=8) for _ in range(5)]
+        asked: list[int] = []
+        real = packer.pack
+
+        def counting(state: packer.ClusterState, request: packer.PackRequest, **kw: Any) -> Any:
+            if sys._getframe(1).f_code.co_name == "_place_queue":
+                asked.append(request.gpus)
+            return real(state, request, **kw)
+
+        monkeypatch.setattr(packer, "pack", counting)
+        await h.sched.tick()
+        assert h.job(small.id).state is not JobState.QUEUED
+        # One pass: the 30 early ones once, the small one, the 5 late ones once (the state
+        # changed); a pass the loop ran on its own afterwards starts over.
+        assert asked[:3] == [8, 1, 8]
+        reasons = {h.job(j.id).reason for j in early + late}
+        (reason,) = reasons
+        assert reason is not None
+        assert reason.startswith("waiting: needs 8 GPUs free on one node")
 
 
 async def test_foreign_gpu_use_is_avoided(mem_harness: Harness) -> None:

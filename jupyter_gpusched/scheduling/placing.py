@@ -109,6 +109,11 @@ class Placing:
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
         floors: dict[int, datetime] = {}
+        # Requests that fit nowhere, and their reasons, until the next placement changes the
+        # state: a long queue of look-alike jobs (an array, a busy cluster) asks the packer
+        # once per request shape rather than once per job, and gets the same answers.
+        no_fit: dict[tuple[packer.PackRequest, frozenset[str]], packer.PackReply] = {}
+        no_room: dict[tuple[packer.PackRequest, frozenset[str]], str] = {}
         for job in order.jobs:
             waits.append(job)
             retry_at = job.handle.get("retry_launch_at")
@@ -124,8 +129,13 @@ class Placing:
                     waits.pop()  # held or over quota: no start to expect
                 continue
             request = pack_request(job.spec)
-            claimed = {n for n, owner in claims.items() if owner != job.id}
-            reply = packer.pack(state, request, policy=self.packer_policy, exclude=claimed)
+            claimed = frozenset(n for n, owner in claims.items() if owner != job.id)
+            shape = (request, claimed)
+            reply = no_fit.get(shape) or packer.pack(
+                state, request, policy=self.packer_policy, exclude=claimed
+            )
+            if reply.node is None:
+                no_fit[shape] = reply
             estimate = self._estimate(job) if head is not None else 0.0
             if head is not None and reply.node is not None:
                 fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
@@ -151,9 +161,9 @@ class Placing:
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
                     head = head or backfill.Reservation(now, mine[0], 0.0)
                     continue
-                self._set_reason(
-                    job, waiting.no_room(reply.reason, job.spec, state, self._inventory)
-                )
+                if shape not in no_room:
+                    no_room[shape] = waiting.no_room(reply.reason, job.spec, state, self._inventory)
+                self._set_reason(job, no_room[shape])
                 if head is None:
                     head = self._reserved_start(job, now, state)
                     batch = job.spec.priority_class is PriorityClass.BATCH
@@ -170,6 +180,8 @@ class Placing:
                 )
             waits.pop()
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+            no_fit.clear()
+            no_room.clear()
             ctx = policy.add_to_context(ctx, job)
             await self._launch(job, reply, active)
         for job_id in order.skipped:
