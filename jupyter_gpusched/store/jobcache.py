@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from jupyter_gpusched.core.models import Job, JobSpec
@@ -28,17 +29,29 @@ class JobCache:
         self._jobs: OrderedDict[int, tuple[int, Job, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()  # the API reads from worker threads too
 
-    def get(self, job_id: int, version: int, *, shared: bool = False) -> Job | None:
-        """The job as of ``version``, or None when that version was not read before.
+    def get_many(
+        self, keys: Iterable[tuple[int, int]], *, shared: bool = False
+    ) -> tuple[dict[int, Job], list[int]]:
+        """The jobs kept as of these (id, version) pairs, and the ids of those not kept.
 
-        A copy the caller may change, or with ``shared`` the kept object itself (read only).
+        Copies the caller may change, or with ``shared`` the kept objects themselves (read
+        only). One lock for all: a pass reads the whole queue, and locking per job was half
+        of that read.
         """
+        found: dict[int, Job] = {}
+        missing: list[int] = []
         with self._lock:
-            known = self._jobs.get(job_id)
-            if known is None or known[0] != version:
-                return None
-            self._jobs.move_to_end(job_id)
-        return known[1] if shared else _copy(known[1])
+            jobs = self._jobs
+            for job_id, version in keys:
+                known = jobs.get(job_id)
+                if known is None or known[0] != version:
+                    missing.append(job_id)
+                    continue
+                jobs.move_to_end(job_id)
+                found[job_id] = known[1]
+        if not shared:
+            found = {job_id: _copy(job) for job_id, job in found.items()}
+        return found, missing
 
     def put(self, row: JobRow, *, shared: bool = False) -> Job:
         """The job of ``row``, kept for the next read (its spec re-used when unchanged)."""

@@ -290,14 +290,7 @@ class Store:
 
     def _jobs_of(self, s: Session, keys: Sequence[Any], *, shared: bool = False) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
-        out: dict[int, Job] = {}
-        missing: list[int] = []
-        for job_id, version in keys:
-            job = self._cache.get(job_id, version, shared=shared)
-            if job is None:
-                missing.append(job_id)
-            else:
-                out[job_id] = job
+        out, missing = self._cache.get_many(keys, shared=shared)
         for i in range(0, len(missing), _IN_CHUNK):
             chunk = missing[i : i + _IN_CHUNK]
             for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
