@@ -114,6 +114,7 @@ class Scheduler(JobActions, Placing):
         self.launcher = Launcher(store, backend, self.tracker, clock, self.commands)
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
+        self._base_for: list[NodeInventory] | None = None  # the inventory it was checked for
         self._positions: dict[int, int] = {}
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}
@@ -428,7 +429,13 @@ class Scheduler(JobActions, Placing):
 
     # ------------------------------------------------------------------ placing
     def _empty_state(self) -> packer.ClusterState:
-        """The cluster with nothing placed, rebuilt only when the nodes' shapes change."""
+        """The cluster with nothing placed, rebuilt only when the nodes' shapes change.
+
+        Checked once per inventory (each probe replaces the list): every submit asks.
+        """
+        if self._base is not None and self._base_for is self._inventory:
+            return self._base
+        self._base_for = self._inventory
         shapes = [node_shape(n) for n in self._inventory if n.gpus or n.cpus]
         key = tuple(shapes)
         if self._base is None or key != self._base_key:
