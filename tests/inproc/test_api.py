@@ -192,6 +192,19 @@ async def test_missing_token_is_401_and_wrong_method_405(gpusched: ApiClient):
     is_error(await gpusched.request("GET", "no", "such", "route"), 404, "NotFound")
 
 
+async def test_a_request_with_its_token_is_not_answered_with_a_login_cookie(
+    gpusched: ApiClient, jp_fetch: Any
+):
+    # An API client sends its token every time and never reads the cookie Jupyter would sign
+    # for it on every request (a tenth of a submit's server time); Jupyter's routes still do.
+    ours = await gpusched.request(
+        "POST", "jobs", body={"kind": "script", "command": ["true"], "not_before": FAR_FUTURE}
+    )
+    assert ours.code == 201 and "Set-Cookie" not in ours.headers
+    theirs = await jp_fetch("api", "me")
+    assert "Set-Cookie" in theirs.headers
+
+
 # ---------------------------------------------------------------------------- cancel, patch
 
 

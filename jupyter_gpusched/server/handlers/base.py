@@ -231,6 +231,20 @@ class ApiHandler(GpuSchedMixin, APIHandler):
                 "inputs as files",
             )
 
+    def set_secure_cookie(  # type: ignore[override]
+        self, name: str, value: str | bytes, *args: Any, **kwargs: Any
+    ) -> None:
+        """Set no login cookie on a request that sent its credentials in a header.
+
+        Jupyter signs one for every token-authenticated request without it; an API client
+        (the CLI, the magic, a script) sends its token every time and never returns the
+        cookie, and signing it was a tenth of a submit's server time. Browsers log in
+        through Jupyter's own pages, which still set it.
+        """
+        if self.request.headers.get("Authorization"):
+            return
+        super().set_secure_cookie(name, value, *args, **kwargs)
+
     def json_body(self) -> Any:
         """The request body as JSON, or a 400 that says why it could not be read."""
         try:
