@@ -4,9 +4,11 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
+from sqlalchemy import event
 
 from jupyter_gpusched.core.clock import ManualClock
 from jupyter_gpusched.core.errors import (
@@ -476,6 +478,28 @@ def test_default_url_is_a_sqlite_file_in_the_jupyter_data_dir(
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    st.close()
+
+
+def test_only_waiting_reasons_commit_without_their_own_fsync(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # A reason the next pass would write again may skip its fsync (a submit paid two); the
+    # connection must not keep that for the durable writes after it.
+    st = Store(f"sqlite:///{tmp_path / 'g.db'}", clock=clock)
+    st.migrate()
+    modes: list[int] = []
+
+    @event.listens_for(st.engine, "commit")
+    def _commit(conn: Any) -> None:
+        modes.append(conn.exec_driver_sql("PRAGMA synchronous").scalar())
+
+    job = st.add_job(script())
+    st.set_reasons({job.id: "waiting: no room"})
+    st.update_job(job.id, handle={"note": 1})
+    event.remove(st.engine, "commit", _commit)
+    assert modes == [2, 1, 2]  # FULL, NORMAL, FULL
+    assert st.get_job(job.id).reason == "waiting: no room"
     st.close()
 
 

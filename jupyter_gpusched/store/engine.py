@@ -1,6 +1,7 @@
 """Database engines: SQLite tuned to be the truth (WAL, fsync, write lock up front), or any URL.
 
-SQLite runs in WAL mode with ``synchronous=FULL`` and writers take the lock with ``BEGIN
+SQLite runs in WAL mode with ``synchronous=FULL`` (``NORMAL`` for redoable writes, see
+:mod:`.store`) and writers take the lock with ``BEGIN
 IMMEDIATE`` (see :mod:`.store`); other URLs (PostgreSQL) get a pre-pinged pool.
 """
 
@@ -74,8 +75,12 @@ def make_engine(url: str, *, echo: bool) -> Engine:
         if conn.info.get("busy_ms") != busy_ms:
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {busy_ms}")
             conn.info["busy_ms"] = busy_ms
-        mode = conn.get_execution_options().get("gpusched_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        options = conn.get_execution_options()
+        sync = options.get("gpusched_sync", "FULL")  # NORMAL: a write that may be redone
+        if conn.info.get("sync") != sync:
+            conn.exec_driver_sql(f"PRAGMA synchronous = {sync}")
+            conn.info["sync"] = sync
+        conn.exec_driver_sql(f"BEGIN {options.get('gpusched_begin', 'DEFERRED')}")
 
     return engine
 
