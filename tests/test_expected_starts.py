@@ -84,3 +84,16 @@ def test_overrunning_jobs_are_expected_to_end_now() -> None:
     late = [running(1, "a100-0", 8, 5, 1)]  # declared 1 h, running for 5 h
     starts = expected_starts([make_job(10, gpus=8)], late, {"a100-0": 0.0}, T0, estimate=estimate)
     assert starts[10] == T0
+
+
+def test_a_job_may_span_an_instant_where_one_job_ends_as_another_starts() -> None:
+    # a100-0: 2 free; job 1 holds 6 until T0+1h, when job 10 (6 GPUs, not before +1h) takes
+    # them over. Job 11 fits the 2 free for 3 h from now: the level never drops at +1h (it
+    # was once read as a dip to -4 there, and job 11 expected an hour late).
+    busy = [running(1, "a100-0", 6, 1, 2)]
+    queue = [make_job(10, gpus=6, max_runtime_s=3600), make_job(11, gpus=2, max_runtime_s=3 * 3600)]
+    starts = expected_starts(
+        queue, busy, {"a100-0": 2.0}, T0, estimate=estimate, not_before={10: T0 + hours(1)}
+    )
+    assert starts[10] == T0 + hours(1)
+    assert starts[11] == T0

@@ -8,7 +8,8 @@ not delay that reservation. Pure functions; ``now`` is always passed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -202,12 +203,10 @@ def expected_starts(
     running = list(running)
     rels = [r for r in running if isinstance(r, Release)]
     rels += releases_of((j for j in running if isinstance(j, Job)), estimate, now)
-    # Free GPUs per node as a step function: node -> sorted [(instant, change)].
+    # Free GPUs per node as a step function: node -> [(instant, net change)], by instant.
     steps: dict[str, list[tuple[datetime, float]]] = {n: [] for n in free_gpus}
     for rel in rels:
-        steps.setdefault(rel.node, []).append((rel.at, rel.gpus))
-    for seq in steps.values():
-        seq.sort()
+        _add_step(steps.setdefault(rel.node, []), rel.at, rel.gpus)
     out: dict[int, datetime | None] = {}
     for i, job in enumerate(queue):
         if i >= MAX_EXPECTED:
@@ -222,10 +221,23 @@ def expected_starts(
             start, node = _profile_fit(need, runtime_s, steps, free_gpus, floor)
         out[job.id] = start
         if start is not None and node in steps and need > 0:
-            seq = steps[node]
-            seq += [(start, -need), (start + timedelta(seconds=runtime_s), need)]
-            seq.sort()
+            _add_step(steps[node], start, -need)
+            _add_step(steps[node], start + timedelta(seconds=runtime_s), need)
     return out
+
+
+def _add_step(seq: list[tuple[datetime, float]], at: datetime, change: float) -> None:
+    """Add ``change`` to the node's free GPUs from ``at`` on, netted with others at ``at``.
+
+    One entry per instant: a job that ends as another starts leaves the level as it was (not
+    a dip to both held), and many jobs expected at one instant (a not-before time they
+    share) keep the profile short instead of one step each to walk for every later job.
+    """
+    i = bisect_left(seq, (at, -math.inf))
+    if i < len(seq) and seq[i][0] == at:
+        seq[i] = (at, seq[i][1] + change)
+    else:
+        seq.insert(i, (at, change))
 
 
 def _profile_fit(
@@ -237,31 +249,25 @@ def _profile_fit(
 ) -> tuple[datetime | None, str | None]:
     """Earliest instant >= ``floor`` some node keeps ``need`` GPUs free for ``runtime_s``.
 
-    Ties go to the node with the fewest GPUs free now (best fit), then by name.
+    Ties go to the node with the fewest GPUs free now (best fit), then by name. Each node's
+    candidate starts are walked in time order and only until one fits or passes the best so
+    far: the profile grows by two steps per job placed in it, and building every candidate
+    first made a queue of waiting jobs cost the square of its length.
     """
     best: tuple[datetime, float, str] | None = None
     span = timedelta(seconds=runtime_s)
     for node, seq in steps.items():
-        level = free.get(node, 0.0)
-        k = 0
-        while k < len(seq) and seq[k][0] <= floor:
-            level += seq[k][1]
-            k += 1
-        # A start can only be at the floor or where this node's level rises.
-        starts = [(floor, level, k)]
-        lvl = level
-        for m in range(k, len(seq)):
-            lvl += seq[m][1]
-            if m + 1 == len(seq) or seq[m + 1][0] > seq[m][0]:
-                starts.append((seq[m][0], lvl, m + 1))
-        for t, at_t, after in starts:
+        k = bisect_right(seq, (floor, math.inf))  # the steps at or before the floor
+        level = free.get(node, 0.0) + math.fsum(change for _, change in seq[:k])
+        for t, at_t, after in _starts(seq, floor, level, k):
             if best is not None and t > best[0]:
                 break
             if at_t + 1e-9 < need:
                 continue
-            lowest, lvl = at_t, at_t
-            for at, change in seq[after:]:
-                if at >= t + span:
+            lowest, lvl, end = at_t, at_t, t + span
+            for m in range(after, len(seq)):
+                at, change = seq[m]
+                if at >= end:
                     break
                 lvl += change
                 lowest = min(lowest, lvl)
@@ -270,3 +276,18 @@ def _profile_fit(
                 best = key if best is None or key < best else best
                 break
     return (best[0], best[2]) if best is not None else (None, None)
+
+
+def _starts(
+    seq: Sequence[tuple[datetime, float]], floor: datetime, level: float, k: int
+) -> Iterator[tuple[datetime, float, int]]:
+    """A node's possible starts from ``floor``: (instant, GPUs free then, next step's index).
+
+    A start can only be at the floor or where the node's level changes (after all the steps
+    of one instant).
+    """
+    yield floor, level, k
+    for m in range(k, len(seq)):
+        level += seq[m][1]
+        if m + 1 == len(seq) or seq[m + 1][0] > seq[m][0]:
+            yield seq[m][0], level, m + 1
