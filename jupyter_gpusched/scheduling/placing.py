@@ -136,7 +136,8 @@ class Placing:
             )
             if reply.node is None:
                 no_fit[shape] = reply
-            estimate = self._estimate(job) if head is not None else 0.0
+            # only a job that fits somewhere needs it (the backfill's check, the head's spare)
+            estimate = self._estimate(job) if head is not None and reply.node is not None else 0.0
             if head is not None and reply.node is not None:
                 fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
                 if not fits.ok:

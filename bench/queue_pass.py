@@ -1,0 +1,76 @@
+"""One placing pass (what a submit wakes) against the length of the queue it walks.
+
+The scheduler on the in-memory cluster (the tests' default lab, 2 x 8 A100, 4 V100, 2 T4; night, so
+no GPUs are kept for interactive work) with
+a SQLite file store, every GPU taken by a long job, and ``N`` jobs waiting: ``busy`` jobs could
+start now but fit nowhere (a busy lab), ``later`` jobs wait for a far ``not_before``. Each
+figure is the median wall time of ``--passes`` place-only passes, each after one more submit
+(what ``POST jobs`` wakes); the baseline is the same pass with an empty queue, in this process.
+
+    .venv/bin/python bench/queue_pass.py [--sizes 0 1000 3000] [--passes 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _fixtures_scheduler import SATURDAY_NIGHT, memory_scheduler  # noqa: E402
+
+from jupyter_gpusched.cluster.memory import Run  # noqa: E402
+from jupyter_gpusched.core.models import JobState, parse_spec  # noqa: E402
+
+FAR_FUTURE = "2099-01-01T00:00:00+00:00"
+#: every GPU of the default lab, taken for as long as the bench runs
+FILL = [(8, "A100"), (8, "A100"), (4, "V100"), (2, "T4")]
+
+
+async def pass_ms(n: int, waiting: str, passes: int) -> float:
+    """Median wall time of a place-only pass with ``n`` jobs of kind ``waiting`` queued."""
+    with tempfile.TemporaryDirectory(prefix="gpusched-bench-pass-") as tmp:
+        async with memory_scheduler(Path(tmp), start=SATURDAY_NIGHT) as h:
+            busy = [h.submit(gpus=g, gpu_models=[m], run=Run(duration_s=1e9)) for g, m in FILL]
+            await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+            extra = {"not_before": FAR_FUTURE} if waiting == "later" else {}
+            spec = parse_spec(
+                {"kind": "script", "command": ["train"], "gpus": 1, **extra}, user="ann"
+            )
+            if n:
+                h.sched.submit_many([spec] * n, array=False)
+            for _ in range(3):  # the first passes write every new job's reason
+                await h.sched.tick()
+            times = []
+            for _ in range(passes):
+                h.sched.submit(spec)
+                t0 = time.perf_counter()
+                await h.sched.tick(upkeep=False)
+                times.append((time.perf_counter() - t0) * 1000)
+            return statistics.median(times)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[0, 1000, 3000])
+    parser.add_argument("--passes", type=int, default=20)
+    args = parser.parse_args()
+    base = await pass_ms(0, "busy", args.passes)
+    print(f"pass, empty queue (baseline): {base:7.1f} ms")
+    for waiting in ("busy", "later"):
+        for n in (s for s in args.sizes if s):
+            ms = await pass_ms(n, waiting, args.passes)
+            per_job = (ms - base) / n * 1000
+            print(
+                f"pass, {n:5d} {waiting:5s} jobs waiting: {ms:7.1f} ms  "
+                f"({ms / base:5.1f} x baseline, {per_job:5.1f} us per waiting job)"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
