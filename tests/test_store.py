@@ -386,6 +386,41 @@ def test_usage_counts_every_attempt_share_weighted(store: Store, clock: ManualCl
     assert store.usage_by_user(since=late)["ann"] == 0.5 * 1100
 
 
+def test_a_finished_usage_stretch_is_read_once_and_an_open_one_every_time(
+    store: Store, clock: ManualClock
+) -> None:
+    # Every pass asks for a fortnight of usage: a busy lab's 10,000 finished jobs were read
+    # whole on every pass (150 ms). Count the rows the full-row read asks for.
+    t0 = clock.now()
+    asked: list[int] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def _count(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "usage.username" in statement:
+            asked.extend(params)
+
+    done, running = store.add_job(script("ann")), store.add_job(script("bob"))
+    for job in (done, running):
+        store.transition(job.id, S.STARTING, placement=Placement(node="n", gpu_indices=[0]))
+        store.transition(job.id, S.RUNNING)
+    clock.advance(60)
+    store.transition(done.id, S.SUCCEEDED)
+    first = store.usage_records(since=t0)
+    assert len(asked) == 2
+    assert store.usage_records(since=t0) == first
+    assert len(asked) == 3  # only the open one again
+    clock.advance(60)
+    store.transition(running.id, S.FAILED)
+    assert store.usage_records(since=t0)[1] == ("bob", 1.0, t0, t0 + timedelta(seconds=120))
+    asked.clear()
+    assert len(store.usage_records(since=t0)) == 2
+    assert asked == []  # both finished, both kept
+    assert store.usage_records(since=t0 + timedelta(seconds=90)) == [
+        first[1][:3] + (t0 + timedelta(seconds=120),)
+    ]
+    event.remove(store.engine, "before_cursor_execute", _count)
+
+
 # -- nodes ---------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ jobs to open a whole node for a big job by night.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -26,6 +26,7 @@ from jupyter_gpusched.core.models import (
     Placement,
     PriorityClass,
 )
+from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.availability import off_the_loop
@@ -37,6 +38,8 @@ from .tracking import JobTracker
 
 #: A queue this long (at the last pass) is read in a worker thread.
 _LONG_QUEUE = 500
+#: Days of usage fair share weighs (older usage has decayed to little at the default half-life).
+FAIR_SHARE_DAYS = 14
 
 
 class Placing:
@@ -58,6 +61,7 @@ class Placing:
     _history: dict[str, list[Job]]
     _no_move: tuple[Any, ...] | None
     _reasons: dict[int, str | None]  # waiting reasons found by the pass under way
+    _usage_tally: UsageTally  # fair share and today's GPU-hours, finished stretches kept
     _queue_was: int  # how many the last pass found queued
 
     def _cluster_state(
@@ -91,8 +95,8 @@ class Placing:
             return
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
         state, _ = self._cluster_state(running)
-        records = _usage(self.store.usage_records(since=now - timedelta(days=14)))
-        usage = policy.fair_share_usage(records, self.policy.fairshare_half_life_s, now)
+        stretches = self.store.usage_stretches(since=now - timedelta(days=FAIR_SHARE_DAYS))
+        usage, hours_today = self._usage_tally.totals(stretches, self.policy, now)
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
         claims = _kept_nodes(queued, now)
@@ -104,7 +108,7 @@ class Placing:
                 self._set_reason(job, nothing_up)
             self._estimates = {}
             return
-        ctx = self._admission_context(now, active, state, records, running)
+        ctx = self._admission_context(now, active, state, hours_today, running)
         head: backfill.Reservation | None = None
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
@@ -202,18 +206,17 @@ class Placing:
         now: datetime,
         active: windows.ActiveWindow,
         state: packer.ClusterState,
-        records: Sequence[policy.UsageRecord],
+        hours_today: Mapping[str, float],
         running: Sequence[Job],
     ) -> policy.AdmissionContext:
-        """What admission weighs; ``records``: the pass's usage, of which the last day counts."""
-        day_ago = now - timedelta(days=1)
+        """What admission weighs; ``hours_today``: GPU-hours per user since local midnight."""
         return policy.AdmissionContext.build(
             config=self.policy,
             window=active.window,
             now=now,
             total_gpus=float(state.gpu_count[state.node_up].sum()),
             running=running,
-            usage_records=[r for r in records if r.end is None or r.end >= day_ago],
+            hours_today=hours_today,
         )
 
     def _estimate(self, job: Job) -> float:
@@ -342,10 +345,6 @@ def _kept_nodes(queued: Sequence[Job], now: datetime) -> dict[str, int]:
         if isinstance(claim, dict) and datetime.fromisoformat(claim["until"]) > now:
             kept[claim["node"]] = job.id
     return kept
-
-
-def _usage(rows: Sequence[tuple[str, float, datetime, datetime | None]]) -> list[Any]:
-    return [policy.UsageRecord(*row) for row in rows]
 
 
 def _runtime_limit(job: Job, active: windows.ActiveWindow) -> float | None:

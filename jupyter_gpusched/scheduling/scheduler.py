@@ -29,6 +29,7 @@ from jupyter_gpusched.core.models import (
     JobState,
 )
 from jupyter_gpusched.core.units import format_duration_s
+from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import (
     attribute_processes,
@@ -115,6 +116,7 @@ class Scheduler(JobActions, Placing):
         self._base: packer.ClusterState | None = None
         self._base_key: tuple[Any, ...] = ()
         self._base_for: list[NodeInventory] | None = None  # the inventory it was checked for
+        self._usage_tally = UsageTally()
         self._positions: dict[int, int] = {}
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}

@@ -89,6 +89,8 @@ VERSION_TABLE = "gpusched_alembic_version"
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
 #: Ids per ``IN (...)`` when reading rows: far below every backend's limit on parameters.
 _IN_CHUNK = 900
+#: A stretch of GPU holding: (user, share-weighted GPUs, started_at, finished_at or None).
+UsageRecord = tuple[str, float, datetime, datetime | None]
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Store:
         )
         self._reads = sessionmaker(reads, expire_on_commit=False)
         self._cache = JobCache()
+        # Finished usage stretches read before, by id: they never change once closed.
+        self._usage_kept: dict[int, UsageRecord] = {}
         # Writers take SQLite's write lock at BEGIN (see the module docstring).
         self._writes = sessionmaker(
             self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
@@ -518,21 +522,41 @@ class Store:
 
     # -- usage --------------------------------------------------------------------------------
 
-    def usage_records(
-        self, *, since: datetime
-    ) -> list[tuple[str, float, datetime, datetime | None]]:
+    def usage_records(self, *, since: datetime) -> list[UsageRecord]:
         """GPU holdings overlapping ``since``..now: ``(user, gpus, started_at, finished_at)``.
 
         ``gpus`` is share-weighted; ``finished_at`` is None while the job still holds them.
         Every attempt of a requeued job counts.
         """
-        query = (
-            select(UsageRow)
-            .where(or_(UsageRow.finished_at.is_(None), UsageRow.finished_at >= since))
-            .order_by(UsageRow.id)
-        )
+        return list(self.usage_stretches(since=since).values())
+
+    def usage_stretches(self, *, since: datetime) -> dict[int, UsageRecord]:
+        """:meth:`usage_records` by their row ids, oldest first (a stretch's id never changes).
+
+        Every pass asks, over a fortnight of a busy lab's jobs: a finished stretch never
+        changes, so it is read once and kept; each call reads the ids in the window and only
+        the rows it has not kept (new ones, and those still open).
+        """
+        usage = UsageRow.__table__
+        in_window = or_(usage.c.finished_at.is_(None), usage.c.finished_at >= since)
+        columns = (usage.c.username, usage.c.gpus, usage.c.started_at, usage.c.finished_at)
+        kept = self._usage_kept
         with self.read_session() as s:
-            return [(r.username, r.gpus, r.started_at, r.finished_at) for r in s.scalars(query)]
+            ids = s.scalars(select(usage.c.id).where(in_window).order_by(usage.c.id)).all()
+            missing = [i for i in ids if i not in kept]
+            read: dict[int, UsageRecord] = {}
+            for n in range(0, len(missing), _IN_CHUNK):
+                chunk = missing[n : n + _IN_CHUNK]
+                for usage_id, *record in s.execute(
+                    select(usage.c.id, *columns).where(usage.c.id.in_(chunk))
+                ):
+                    read[usage_id] = (record[0], record[1], record[2], record[3])
+        for usage_id, record in read.items():
+            if record[3] is not None:
+                kept[usage_id] = record
+        if len(kept) > 2 * len(ids) + 1000:  # stretches that left the window go
+            self._usage_kept = {i: kept[i] for i in ids if i in kept}
+        return {i: read.get(i) or kept[i] for i in ids}
 
     def usage_by_user(self, *, since: datetime) -> dict[str, float]:
         """Share-weighted GPU-seconds per user between ``since`` and now."""
