@@ -120,17 +120,23 @@ async def test_backfill_goes_to_another_node_rather_than_delay_the_reserved_head
         assert view.estimated_start == started + timedelta(hours=1)
 
 
+async def fragment(h: Harness) -> list[Job]:
+    """15 of the 22 GPUs busy for 1 to 4 hours, 7 free in all but at most 3 on a node."""
+    busy = [
+        h.submit(gpus=g, max_runtime_s=3600 * (i + 1), gpu_models=[m])
+        for i, (g, m) in enumerate([(5, "A100"), (5, "A100"), (3, "V100"), (2, "T4")])
+    ]
+    await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+    return busy
+
+
 async def test_a_fragmented_cluster_names_the_free_gpus_per_node_not_the_window(
     tmp_path: Path,
 ) -> None:
     # Night (no reserve for interactive work): 15 of 22 GPUs busy, 7 free in all but no node
     # has 8; the reason once blamed "night window reserves 0% of GPUs".
     async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        busy = [
-            h.submit(gpus=g, max_runtime_s=3600 * (i + 1), gpu_models=[m])
-            for i, (g, m) in enumerate([(5, "A100"), (5, "A100"), (3, "V100"), (2, "T4")])
-        ]
-        await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+        busy = await fragment(h)
         big = h.submit(gpus=8)
         await h.until(lambda: h.job(big.id).reason is not None)
         reason = h.job(big.id).reason or ""
@@ -149,11 +155,7 @@ async def test_look_alike_waiting_jobs_ask_the_packer_once_per_shape_until_a_pla
     # A busy cluster with a long queue of jobs that fit nowhere: each pass asked the packer
     # (and built the reason) once per job, 100 us each, so a pass grew with the queue.
     async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        busy = [
-            h.submit(gpus=g, max_runtime_s=3600 * (i + 1), gpu_models=[m])
-            for i, (g, m) in enumerate([(5, "A100"), (5, "A100"), (3, "V100"), (2, "T4")])
-        ]
-        await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+        await fragment(h)
         early = [h.submit(gpus=8) for _ in range(30)]
         small = h.submit(gpus=1, max_runtime_s=60)  # fits now: the state changes after it
         late = [h.submit(gpus=8) for _ in range(5)]
