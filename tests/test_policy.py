@@ -158,7 +158,9 @@ def test_context_counts_running_jobs_by_class_and_user() -> None:
         now=T0,
         total_gpus=32,
         running=running,
-        usage_records=[("bob", 4.0, T0 - timedelta(hours=2), None)],
+        hours_today=gpu_hours_today(
+            [("bob", 4.0, T0 - timedelta(hours=2), None)], PolicyConfig(), T0
+        ),
     )
     ctx = add_to_context(ctx, make_job(3, gpus=1))
     assert (ctx.interactive_gpus, ctx.batch_gpus) == (2, 5)

@@ -178,16 +178,13 @@ class AdmissionContext:
         now: datetime,
         total_gpus: float,
         running: Iterable[Job],
-        usage_records: Iterable[UsageLike] = (),
-        hours_today: Mapping[str, float] | None = None,
+        hours_today: Mapping[str, float],
     ) -> AdmissionContext:
-        """Count what running jobs hold and what each user used today.
+        """Count what running jobs hold.
 
-        Today's GPU-hours come from ``usage_records``, or ready-made as ``hours_today`` (what
-        :class:`~jupyter_gpusched.core.usage.UsageTally` keeps across passes).
+        ``hours_today``: each user's GPU-hours since local midnight (:func:`gpu_hours_today`,
+        or what :class:`~.usage.UsageTally` keeps across passes).
         """
-        if hours_today is None:
-            hours_today = gpu_hours_today(usage_records, config, now)
         ctx = cls(
             window=window, now=_aware(now), total_gpus=total_gpus, timezone=config.timezone,
             user_gpu_hours_today=dict(hours_today),

@@ -117,7 +117,7 @@ class Placing:
         # state: a long queue of look-alike jobs (an array, a busy cluster) asks the packer
         # once per request shape rather than once per job, and gets the same answers.
         no_fit: dict[tuple[packer.PackRequest, frozenset[str]], packer.PackReply] = {}
-        no_room: dict[tuple[packer.PackRequest, frozenset[str]], str] = {}
+        no_room_why: dict[tuple[packer.PackRequest, frozenset[str]], str] = {}
         for job in order.jobs:
             waits.append(job)
             retry_at = job.handle.get("retry_launch_at")
@@ -166,9 +166,10 @@ class Placing:
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
                     head = head or backfill.Reservation(now, mine[0], 0.0)
                     continue
-                if shape not in no_room:
-                    no_room[shape] = waiting.no_room(reply.reason, job.spec, state, self._inventory)
-                self._set_reason(job, no_room[shape])
+                if shape not in no_room_why:
+                    why = waiting.no_room(reply.reason, job.spec, state, self._inventory)
+                    no_room_why[shape] = why
+                self._set_reason(job, no_room_why[shape])
                 if head is None:
                     head = self._reserved_start(job, now, state)
                     batch = job.spec.priority_class is PriorityClass.BATCH
@@ -186,7 +187,7 @@ class Placing:
             waits.pop()
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
             no_fit.clear()
-            no_room.clear()
+            no_room_why.clear()
             ctx = policy.add_to_context(ctx, job)
             await self._launch(job, reply, active)
         for job_id in order.skipped:

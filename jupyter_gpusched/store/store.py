@@ -62,6 +62,7 @@ from jupyter_gpusched.core.models import (
     PriorityClass,
     check_transition,
 )
+from jupyter_gpusched.core.policy import UsageRecord
 
 from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url
@@ -89,8 +90,6 @@ VERSION_TABLE = "gpusched_alembic_version"
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
 #: Ids per ``IN (...)`` when reading rows: far below every backend's limit on parameters.
 _IN_CHUNK = 900
-#: A stretch of GPU holding: (user, share-weighted GPUs, started_at, finished_at or None).
-UsageRecord = tuple[str, float, datetime, datetime | None]
 
 
 @dataclass(frozen=True)
@@ -550,7 +549,7 @@ class Store:
                 for usage_id, *record in s.execute(
                     select(usage.c.id, *columns).where(usage.c.id.in_(chunk))
                 ):
-                    read[usage_id] = (record[0], record[1], record[2], record[3])
+                    read[usage_id] = UsageRecord(*record)
         for usage_id, record in read.items():
             if record[3] is not None:
                 kept[usage_id] = record
