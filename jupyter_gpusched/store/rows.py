@@ -33,6 +33,8 @@ from .orm import EventRow, JobRow
 _EVENTS_LOCK_KEY = 0x67707573636865
 #: ``version`` of a new job row: where the ORM's counter (``version_id_col``) starts.
 FIRST_VERSION = 1
+#: Ids per ``IN (...)`` when reading rows: far below every backend's limit on parameters.
+IN_CHUNK = 900
 
 
 def add_job_row(

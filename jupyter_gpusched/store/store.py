@@ -37,7 +37,6 @@ from typing import Any
 from sqlalchemy import (
     bindparam,
     func,
-    or_,
     select,
     text,
     update,
@@ -51,7 +50,6 @@ from sqlalchemy.sql.elements import ColumnElement
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
-    ACTIVE_STATES,
     ARRAY_ID_LABEL,
     TERMINAL_STATES,
     Event,
@@ -62,19 +60,18 @@ from jupyter_gpusched.core.models import (
     PriorityClass,
     check_transition,
 )
-from jupyter_gpusched.core.policy import UsageRecord
 
 from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url
 from .jobcache import JobCache
 from .leader import check_fence
-from .orm import EventRow, JobRow, NodeRow, UsageRow
+from .orm import EventRow, JobRow, NodeRow
 from .rows import (
+    IN_CHUNK,
     _apply,
     _check_fields,
     _event,
     _get_row,
-    _gpu_weight,
     _json_fields,
     add_event_row,
     add_event_rows,
@@ -83,13 +80,12 @@ from .rows import (
     job_from_row,
     queued_job,
 )
+from .usage import UsageLedger, account_usage
 
 #: Alembic's bookkeeping table; named for us so a shared PostgreSQL database stays readable.
 VERSION_TABLE = "gpusched_alembic_version"
 #: Key of the PostgreSQL advisory lock that keeps two servers from migrating at once.
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
-#: Ids per ``IN (...)`` when reading rows: far below every backend's limit on parameters.
-_IN_CHUNK = 900
 
 
 @dataclass(frozen=True)
@@ -131,7 +127,7 @@ _ORDERS = {
 }
 
 
-class Store:
+class Store(UsageLedger):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters
@@ -159,8 +155,7 @@ class Store:
         )
         self._reads = sessionmaker(reads, expire_on_commit=False)
         self._cache = JobCache()
-        # Finished usage stretches read before, by id: they never change once closed.
-        self._usage_kept: dict[int, UsageRecord] = {}
+        self._usage_kept = {}  # see UsageLedger
         # Writers take SQLite's write lock at BEGIN (see the module docstring).
         self._writes = sessionmaker(
             self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
@@ -302,8 +297,8 @@ class Store:
     def _jobs_of(self, s: Session, keys: Sequence[Any], *, shared: bool = False) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
         out, missing = self._cache.get_many(keys, shared=shared)
-        for i in range(0, len(missing), _IN_CHUNK):
-            chunk = missing[i : i + _IN_CHUNK]
+        for i in range(0, len(missing), IN_CHUNK):
+            chunk = missing[i : i + IN_CHUNK]
             for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
                 out[row.id] = self._cache.put(row, shared=shared)
         return out
@@ -384,7 +379,7 @@ class Store:
             if reason is not None:
                 row.reason = reason
             row.state = to_state.value
-            self._account_usage(s, row, current, to_state, now, fields.get("finished_at"))
+            account_usage(s, row, current, to_state, now, fields.get("finished_at"))
             detail: dict[str, Any] = {"reason": reason} if reason is not None else {}
             for key in ("exit_code", "attempt"):
                 if key in fields:
@@ -518,81 +513,6 @@ class Store:
             add_event_row(s, row)
             s.flush()
             return _event(row)
-
-    # -- usage --------------------------------------------------------------------------------
-
-    def usage_records(self, *, since: datetime) -> list[UsageRecord]:
-        """GPU holdings overlapping ``since``..now: ``(user, gpus, started_at, finished_at)``.
-
-        ``gpus`` is share-weighted; ``finished_at`` is None while the job still holds them.
-        Every attempt of a requeued job counts.
-        """
-        return list(self.usage_stretches(since=since).values())
-
-    def usage_stretches(self, *, since: datetime) -> dict[int, UsageRecord]:
-        """:meth:`usage_records` by their row ids, oldest first (a stretch's id never changes).
-
-        Every pass asks, over a fortnight of a busy lab's jobs: a finished stretch never
-        changes, so it is read once and kept; each call reads the ids in the window and only
-        the rows it has not kept (new ones, and those still open).
-        """
-        usage = UsageRow.__table__
-        in_window = or_(usage.c.finished_at.is_(None), usage.c.finished_at >= since)
-        columns = (usage.c.username, usage.c.gpus, usage.c.started_at, usage.c.finished_at)
-        kept = self._usage_kept
-        with self.read_session() as s:
-            ids = s.scalars(select(usage.c.id).where(in_window).order_by(usage.c.id)).all()
-            missing = [i for i in ids if i not in kept]
-            read: dict[int, UsageRecord] = {}
-            for n in range(0, len(missing), _IN_CHUNK):
-                chunk = missing[n : n + _IN_CHUNK]
-                for usage_id, *record in s.execute(
-                    select(usage.c.id, *columns).where(usage.c.id.in_(chunk))
-                ):
-                    read[usage_id] = UsageRecord(*record)
-        for usage_id, record in read.items():
-            if record[3] is not None:
-                kept[usage_id] = record
-        if len(kept) > 2 * len(ids) + 1000:  # stretches that left the window go
-            self._usage_kept = {i: kept[i] for i in ids if i in kept}
-        return {i: read.get(i) or kept[i] for i in ids}
-
-    def usage_by_user(self, *, since: datetime) -> dict[str, float]:
-        """Share-weighted GPU-seconds per user between ``since`` and now."""
-        now = self._clock.now()
-        totals: dict[str, float] = {}
-        for user, gpus, started, finished in self.usage_records(since=since):
-            seconds = ((finished or now) - max(started, since)).total_seconds()
-            totals[user] = totals.get(user, 0.0) + gpus * max(0.0, seconds)
-        return totals
-
-    @staticmethod
-    def _account_usage(
-        s: Session,
-        row: JobRow,
-        current: JobState,
-        to_state: JobState,
-        now: datetime,
-        finished_at: datetime | None,
-    ) -> None:
-        """Open a usage stretch when a job starts holding GPUs, close it when it lets go."""
-        holds, will_hold = current in ACTIVE_STATES, to_state in ACTIVE_STATES
-        if will_hold and not holds:
-            s.add(
-                UsageRow(
-                    job_id=row.id,
-                    username=row.username,
-                    gpus=_gpu_weight(row),
-                    started_at=now,
-                    finished_at=None,
-                )
-            )
-        elif holds and not will_hold:
-            s.execute(
-                update(UsageRow)
-                .where(UsageRow.job_id == row.id, UsageRow.finished_at.is_(None))
-                .values(finished_at=finished_at or now)
-            )
 
     # -- nodes --------------------------------------------------------------------------------
 
