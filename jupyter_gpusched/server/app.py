@@ -31,6 +31,7 @@ from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.packing.packer import POLICIES
 
 from .config import GpuSchedPolicy
+from .logs import match_level_to_handlers
 
 #: The built-in features (entry points of the ``jupyter_gpusched.plugins`` group).
 PLUGINS: tuple[str, ...] = ("leases", "notebooks")
@@ -470,6 +471,7 @@ class GpuSchedApp(ExtensionApp):
         package.parent = self.serverapp.log
         package.propagate = True
         package.setLevel(logging.NOTSET)  # the server's level decides
+        match_level_to_handlers(self.serverapp.log)  # its debug records: built, never shown
 
     def _ready_event(self) -> asyncio.Event:
         if self._ready is None:
