@@ -25,9 +25,9 @@ from _fixtures_scheduler import (
 from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.cluster.memory import Run
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
-from jupyter_gpusched.core import windows
+from jupyter_gpusched.core import policy, windows
 from jupyter_gpusched.core.errors import InfeasibleError
-from jupyter_gpusched.core.models import Job, JobKind, JobState, parse_spec
+from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobKind, JobState, parse_spec
 from jupyter_gpusched.packing import packer
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
@@ -149,11 +149,12 @@ async def test_a_fragmented_cluster_names_the_free_gpus_per_node_not_the_window(
         assert h.sched.job_view(h.job(big.id)).estimated_start == ends[0]
 
 
-async def test_look_alike_waiting_jobs_ask_the_packer_once_per_shape_until_a_placement(
+async def test_look_alike_waiting_jobs_ask_the_rules_and_packer_once_per_shape_until_a_placement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A busy cluster with a long queue of jobs that fit nowhere: each pass asked the packer
-    # (and built the reason) once per job, 100 us each, so a pass grew with the queue.
+    # (and built the reason) once per job, 100 us each, and the admission rules, 6 us each,
+    # so a pass grew with the queue.
     async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
         await fragment(h)
         early = [h.submit(gpus=8) for _ in range(30)]
@@ -167,16 +168,70 @@ async def test_look_alike_waiting_jobs_ask_the_packer_once_per_shape_until_a_pla
                 asked.append(request.gpus)
             return real(state, request, **kw)
 
+        admitted: list[int] = []
+        real_admit = policy.admit
+
+        def counting_admit(job: Job, ctx: policy.AdmissionContext) -> policy.Admission:
+            if sys._getframe(1).f_code.co_name == "_place_queue":
+                admitted.append(job.spec.gpus)
+            return real_admit(job, ctx)
+
         monkeypatch.setattr(packer, "pack", counting)
+        monkeypatch.setattr(policy, "admit", counting_admit)
         await h.sched.tick()
         assert h.job(small.id).state is not JobState.QUEUED
         # One pass: the 30 early ones once, the small one, the 5 late ones once (the state
         # changed); a pass the loop ran on its own afterwards starts over.
         assert asked[:3] == [8, 1, 8]
+        assert admitted[:3] == [8, 1, 8]
         reasons = {h.job(j.id).reason for j in early + late}
         (reason,) = reasons
         assert reason is not None
         assert reason.startswith("waiting: needs 8 GPUs free on one node")
+
+
+async def test_a_pass_that_places_nothing_reads_the_active_jobs_once_and_no_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every submit wakes a pass. It read the active jobs three times (the cluster state, the
+    # head's reserved start, the expected starts) and, with nobody subscribed, the newest
+    # event's id: each a store round trip on the event loop, per submit.
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
+        await fragment(h)
+        for _ in range(3):
+            h.submit(gpus=8)  # fit nowhere: the first gets a reserved start
+        await h.sched.tick()
+        h.sched.inventory_interval_s = 3600.0  # no probe due during the pass measured
+        store = h.sched.store
+        real_list, real_last = store.list_jobs, store.last_event_id
+        pass_task: list[asyncio.Task[Any] | None] = [None]
+        reads: list[object] = []
+
+        def ours() -> bool:
+            try:
+                return asyncio.current_task() is pass_task[0]
+            except RuntimeError:  # a worker thread's read
+                return False
+
+        def list_jobs(**kw: Any) -> Any:
+            if ours():
+                reads.append(frozenset(kw.get("states") or ()))
+            return real_list(**kw)
+
+        def last_event_id() -> int:
+            if ours():
+                reads.append("last_event_id")
+            return real_last()
+
+        monkeypatch.setattr(store, "list_jobs", list_jobs)
+        monkeypatch.setattr(store, "last_event_id", last_event_id)
+        h.submit(gpus=8)
+        pass_task[0] = asyncio.ensure_future(h.sched.tick(upkeep=False))
+        await pass_task[0]
+        assert h.job(h.sched.list_jobs(limit=1, order="-id")[0][0].id).reason is not None
+    assert reads.count(frozenset(ACTIVE_STATES)) == 1
+    assert reads.count(frozenset([JobState.QUEUED])) == 1
+    assert "last_event_id" not in reads
 
 
 async def test_foreign_gpu_use_is_avoided(mem_harness: Harness) -> None:

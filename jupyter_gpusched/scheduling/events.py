@@ -74,12 +74,16 @@ class EventHub:
             self._changed.notify_all()
 
     def _read_new(self) -> None:
-        if self._last_id is None or not self._subscribers:
+        if not self._subscribers:
             # Nobody listens: building each event's message and job snapshot for nobody was
-            # a tenth of a busy server's time. The window restarts empty at the newest event;
-            # a subscriber resuming from before it replays from the store.
-            self._last_id = self._floor = self._store.last_event_id()
+            # a tenth of a busy server's time, and even asking for the newest id was a read
+            # per pass. The window restarts empty where the first subscriber finds it.
+            self._last_id = None
             self._recent.clear()
+            return
+        if self._last_id is None:
+            # A subscriber resuming from before the window replays from the store.
+            self._last_id = self._floor = self._store.last_event_id()
             return
         while batch := self._store.list_events(after_id=self._last_id, limit=PAGE):
             messages = self._messages(batch)

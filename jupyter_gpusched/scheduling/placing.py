@@ -28,18 +28,19 @@ from jupyter_gpusched.core.models import (
 )
 from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
-from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.store import Store
 
 from . import health, moves, waiting
 from .launching import Launcher
+from .shapes import Shapes
 from .tracking import JobTracker
 
 #: A queue this long (at the last pass) is read in a worker thread.
 _LONG_QUEUE = 500
 #: Days of usage fair share weighs (older usage has decayed to little at the default half-life).
 FAIR_SHARE_DAYS = 14
+_NO_CLAIMS: frozenset[str] = frozenset()
 
 
 class Placing:
@@ -63,6 +64,7 @@ class Placing:
     _reasons: dict[int, str | None]  # waiting reasons found by the pass under way
     _usage_tally: UsageTally  # fair share and today's GPU-hours, finished stretches kept
     _queue_was: int  # how many the last pass found queued
+    _shapes: Shapes  # what each queued job requests, derived once per spec object
 
     def _cluster_state(
         self, active_jobs: Sequence[Job] | None = None
@@ -100,6 +102,7 @@ class Placing:
         order = policy.order_queue(queued, usage, now, active.window)
         by_id = {job.id: job for job in queued}
         claims = _kept_nodes(queued, now)
+        self._shapes.begin_pass()
         self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
@@ -113,18 +116,27 @@ class Placing:
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
         floors: dict[int, datetime] = {}
-        # Requests that fit nowhere, and their reasons, until the next placement changes the
-        # state: a long queue of look-alike jobs (an array, a busy cluster) asks the packer
-        # once per request shape rather than once per job, and gets the same answers.
-        no_fit: dict[tuple[packer.PackRequest, frozenset[str]], packer.PackReply] = {}
-        no_room_why: dict[tuple[packer.PackRequest, frozenset[str]], str] = {}
+        # Admissions, requests that fit nowhere and their reasons, until the next placement
+        # changes the state: a long queue of look-alike jobs (an array, a busy cluster) asks
+        # the rules and the packer once per owner and request shape rather than once per job,
+        # and gets the same answers.
+        admitted: dict[tuple[Any, ...], policy.Admission] = {}
+        no_fit: dict[tuple[int, frozenset[str]], packer.PackReply] = {}
+        no_room_why: dict[tuple[int, frozenset[str]], str] = {}
+        # The active jobs as read above, until this pass changes one (a launch, a preemption,
+        # a move): then read again. A pass that placed nothing reads them once.
+        current: Sequence[Job] | None = running
         for job in order.jobs:
             waits.append(job)
             retry_at = job.handle.get("retry_launch_at")
             if retry_at and now < datetime.fromisoformat(retry_at):
                 floors[job.id] = datetime.fromisoformat(retry_at)
                 continue  # its node refused it a moment ago; its reason says when it retries
-            admission = policy.admit(job, ctx)
+            shape = self._shapes.of(job)
+            admit_key = (job.user, job.held, shape.admit_key)
+            admission = admitted.get(admit_key)
+            if admission is None:
+                admission = admitted[admit_key] = policy.admit(job, ctx)
             if not admission.ok:
                 self._set_reason(job, admission.reason)
                 if admission.blocked_by == "window" and active.until is not None:
@@ -132,14 +144,18 @@ class Placing:
                 elif admission.blocked_by is not None:
                     waits.pop()  # held or over quota: no start to expect
                 continue
-            request = pack_request(job.spec)
-            claimed = frozenset(n for n, owner in claims.items() if owner != job.id)
-            shape = (request, claimed)
-            reply = no_fit.get(shape) or packer.pack(
+            request = shape.request
+            claimed = (
+                frozenset(n for n, owner in claims.items() if owner != job.id)
+                if claims
+                else _NO_CLAIMS
+            )
+            fit_key = (shape.key, claimed)
+            reply = no_fit.get(fit_key) or packer.pack(
                 state, request, policy=self.packer_policy, exclude=claimed
             )
             if reply.node is None:
-                no_fit[shape] = reply
+                no_fit[fit_key] = reply
             # only a job that fits somewhere needs it (the backfill's check, the head's spare)
             estimate = self._estimate(job) if head is not None and reply.node is not None else 0.0
             if head is not None and reply.node is not None:
@@ -157,7 +173,8 @@ class Placing:
                         self._set_reason(job, fits.reason)
                         continue
             if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
-                if active.window.preempt_batch and await self._preempt_for(job, state):
+                if active.window.preempt_batch and await self._preempt_for(job, state, current):
+                    current = None
                     self._set_reason(job, "waiting: batch jobs are being preempted for it")
                     continue
             if reply.node is None:
@@ -166,16 +183,17 @@ class Placing:
                     self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
                     head = head or backfill.Reservation(now, mine[0], 0.0)
                     continue
-                if shape not in no_room_why:
+                if fit_key not in no_room_why:
                     why = waiting.no_room(reply.reason, job.spec, state, self._inventory)
-                    no_room_why[shape] = why
-                self._set_reason(job, no_room_why[shape])
+                    no_room_why[fit_key] = why
+                self._set_reason(job, no_room_why[fit_key])
                 if head is None:
-                    head = self._reserved_start(job, now, state)
+                    head = self._reserved_start(job, now, state, current)
                     batch = job.spec.priority_class is PriorityClass.BATCH
                     if batch and active.window.migrate_batch:
-                        node = await self._migrate_for(job, state, head, active.window)
+                        node = await self._migrate_for(job, state, head, active.window, current)
                         if node is not None:
+                            current = None
                             claims[node] = job.id
                             head = backfill.Reservation(now, node, 0.0)
                 continue
@@ -186,20 +204,23 @@ class Placing:
                 )
             waits.pop()
             state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+            admitted.clear()
             no_fit.clear()
             no_room_why.clear()
             ctx = policy.add_to_context(ctx, job)
+            current = None
             await self._launch(job, reply, active)
         for job_id in order.skipped:
             job = by_id[job_id]
             if job.spec.not_before is not None and not job.held:
                 waits.append(job)
                 floors[job_id] = job.spec.not_before
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
+        if current is None:
+            current, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
         # In a worker thread: a backfill profile for hundreds of waiting jobs is the pass's
         # longest stretch of pure computation, and requests meanwhile would wait for all of it.
         self._estimates = await off_the_loop(
-            waiting.expected_starts, waits, floors, running, state, now, self._estimate
+            waiting.expected_starts, waits, floors, current, state, now, self._estimate
         )
 
     def _admission_context(
@@ -230,16 +251,26 @@ class Placing:
         return backfill.estimate_runtime_s(job, history)
 
     def _reserved_start(
-        self, head: Job, now: datetime, state: packer.ClusterState
+        self, head: Job, now: datetime, state: packer.ClusterState, running: Sequence[Job] | None
     ) -> backfill.Reservation:
-        running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        """When and where ``head`` could start; ``running``: the active jobs (None: read them)."""
+        if running is None:
+            running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
         whole_free = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
         counts = whole_free.sum(axis=1)
         free = {name: float(n) for name, n in zip(state.node_names, counts, strict=True)}
         return backfill.reserved_start(head, running, free, now, estimate=self._estimate)
 
-    async def _preempt_for(self, lease: Job, state: packer.ClusterState) -> bool:
-        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+    def _running(self, active_jobs: Sequence[Job] | None) -> list[Job]:
+        """The running jobs among ``active_jobs`` (None: read them)."""
+        if active_jobs is None:
+            return self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)[0]
+        return [j for j in active_jobs if j.state is JobState.RUNNING]
+
+    async def _preempt_for(
+        self, lease: Job, state: packer.ClusterState, active_jobs: Sequence[Job] | None
+    ) -> bool:
+        running = self._running(active_jobs)
         victims = moves.plan_preemption(
             state, lease, running, self.clock.now(), packer_policy=self.packer_policy
         )
@@ -256,10 +287,11 @@ class Placing:
         state: packer.ClusterState,
         head: backfill.Reservation,
         window: windows.Window,
+        active_jobs: Sequence[Job] | None,
     ) -> str | None:
         """Move batch jobs off one node so ``job`` starts there; the node kept for it, or None."""
         now = self.clock.now()
-        running, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
+        running = self._running(active_jobs)
         # A move that did not pay only gets dearer with time (less idle time left to save,
         # more work since the checkpoints): search again only once something changed.
         marks = frozenset((j.id, j.handle.get("checkpoint_at")) for j in running)

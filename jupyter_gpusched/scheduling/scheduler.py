@@ -45,6 +45,7 @@ from .health import NO_NODE, NodeWatch
 from .history import GpuHistory
 from .launching import Launcher
 from .placing import Placing
+from .shapes import Shapes
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
 from .views import ClusterSnapshot, cluster_view
@@ -121,6 +122,7 @@ class Scheduler(JobActions, Placing):
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}
         self._queue_was = 0
+        self._shapes = Shapes()
         # Each owner's latest finished jobs, for runtime estimates: read when first needed and
         # kept until a job ends (a pass with thousands queued asked for them every time).
         self._history: dict[str, list[Job]] = {}
