@@ -15,13 +15,20 @@ TOKEN = "bench-token"
 
 
 def start_server(
-    root: Path, store_url: str | None = None, gpusched: dict[str, object] | None = None
+    root: Path,
+    store_url: str | None = None,
+    gpusched: dict[str, object] | None = None,
+    *,
+    extensions: dict[str, bool] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     """Start it under ``root`` (config, data, runtime dirs, log); wait until the API answers.
 
     Returns the process, its URL and the environment it runs in. The store defaults to a
     SQLite file under ``root``; the embedded simulated cluster is a fresh one unless
-    ``gpusched`` (more ``GpuSchedApp`` settings) names ``nodes``.
+    ``gpusched`` (more ``GpuSchedApp`` settings) names ``nodes``. ``extensions``: more server
+    extensions to load (bench modules: this folder is on the server's path); ``extra_env``:
+    more environment for the server.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -34,6 +41,10 @@ def start_server(
         "JUPYTER_PLATFORM_DIRS": "1",
     }
     env.pop("GPUSCHED_URL", None)
+    env.update(extra_env or {})
+    if extensions:
+        here = str(Path(__file__).resolve().parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     config = {
         "ServerApp": {
             # only ours: the others installed here (lab, lsp, ...) cost seconds to load
@@ -44,6 +55,7 @@ def start_server(
                 "notebook_shim": False,
                 "notebook": False,
                 "jupyter_server_terminals": False,
+                **(extensions or {}),
             },
             "port": port,
             "ip": "127.0.0.1",

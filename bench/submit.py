@@ -8,6 +8,9 @@ and measures, in one run:
   2 x rounds x submits) and again with ``--queued`` jobs waiting (queued jobs wait
   for a far ``not_before``, so nothing runs and the queue stays as long as it is);
 - a bulk submit: ``array: N`` in one request, jobs per second (median of ``--rounds``);
+- the floor of any Jupyter handler on this machine: Jupyter's own ``GET api/status`` (auth and
+  a small JSON answer, nothing else) per second, one client and ``--clients`` clients, on the
+  same connections; a submit through a Jupyter handler cannot go faster than this;
 - when Slurm works on this machine (``tests/_fixtures_slurm``: Debian's slurmctld + slurmd on
   loopback), plain ``sbatch --hold`` side by side: one and ``--clients`` at once, and
   ``sbatch --array``; otherwise a line says why it was skipped.
@@ -34,6 +37,7 @@ from _server import TOKEN, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from jupyter_gpusched.client import transport  # noqa: E402
 from jupyter_gpusched.client.api import GpuSchedClient  # noqa: E402
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
@@ -51,6 +55,18 @@ def rate(n: int, clients: int, submit_one: Callable[[], object]) -> float:
 def rest(client: GpuSchedClient, n: int, clients: int, rounds: int) -> float:
     """Median over ``rounds`` of REST submissions per second."""
     return statistics.median(rate(n, clients, lambda: client.submit(SPEC)) for _ in range(rounds))
+
+
+def status_floor(url: str, n: int, clients: int, rounds: int) -> float:
+    """Median over ``rounds`` of Jupyter's ``GET api/status`` per second, our transport."""
+    headers = {"Authorization": f"token {TOKEN}"}
+    status = url.rstrip("/") + "/api/status"
+
+    def one() -> None:
+        answer = transport.request("GET", status, body=None, headers=headers, timeout=30)
+        assert answer.status == 200, answer.status
+
+    return statistics.median(rate(n, clients, one) for _ in range(rounds))
 
 
 def bulk(client: GpuSchedClient, n: int, rounds: int) -> float:
@@ -131,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for clients in (1, args.clients):
             figures[("queued", clients)] = rest(client, args.submits, clients, args.rounds)
         bulk_rate = bulk(client, args.array, args.rounds)  # last: it lengthens the queue
+        floor = {k: status_floor(url, args.submits, k, args.rounds) for k in (1, args.clients)}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
@@ -145,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             line += f"   sbatch {peer[str(clients)]:7.1f}/s (ours / sbatch = "
             line += f"{empty / peer[str(clients)]:.2f})"
         print(line)
+    for clients in (1, args.clients):
+        print(
+            f"  {clients} client(s): Jupyter's own GET api/status {floor[clients]:7.1f}/s "
+            f"(the floor of a Jupyter handler; submits / that = "
+            f"{figures[('empty', clients)] / floor[clients]:.2f})"
+        )
     line = f"bulk submit, array of {args.array} in one request: {bulk_rate:9.0f} jobs/s"
     if peer:
         line += f"   sbatch --array of {peer['array_size']:.0f}: {peer['array']:9.0f} tasks/s"

@@ -1,0 +1,109 @@
+"""Where a REST submit's server time goes: the submit handler doing less and less, side by side.
+
+Starts four ``jupyter server`` processes (only jupyter-gpusched, the default simulated cluster,
+a SQLite store each), whose ``POST jobs`` does (``bench/_submit_variants.py``):
+
+- ``auth``: Jupyter's auth and authorization, then a fixed answer (the floor of any handler);
+- ``parse``: also reads and validates the spec and judges admission;
+- ``commit``: also queues the job through the group commit and answers with its view, with
+  no scheduling pass woken;
+- ``real``: the handler as it is (every commit wakes a pass).
+
+All four stay up; rounds load them one after another (order alternating), one client and
+``--clients`` clients, so a slow spell of the machine hits all alike. Prints the median rate of
+each and the server's CPU time (``/proc``) per request.
+
+    .venv/bin/python bench/submit_breakdown.py [--submits 300] [--rounds 5] [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _server import TOKEN, start_server
+from _submit_variants import VARIANTS
+
+from jupyter_gpusched.client import transport
+
+SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": "2099-01-01T00:00:00+00:00"}
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(url: str, pid: int, n: int, clients: int) -> tuple[float, float]:
+    """Submits per second and server CPU ms per submit for ``n`` submits by ``clients``."""
+    jobs = url.rstrip("/") + "/gpusched/api/jobs"
+    headers = {"Authorization": f"token {TOKEN}", "Content-Type": "application/json"}
+    body = json.dumps(SPEC).encode()
+
+    def one(_: int) -> None:
+        answer = transport.request("POST", jobs, body=body, headers=headers, timeout=30)
+        if answer.status != 201:
+            raise SystemExit(f"POST jobs answered {answer.status}: {answer.body[:300]!r}")
+
+    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(n)))
+    return n / (time.perf_counter() - t0), (cpu_s(pid) - cpu0) / n * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--submits", type=int, default=300, help="submits per figure")
+    parser.add_argument("--rounds", type=int, default=5, help="medians of this many")
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    print(f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    servers = []
+    try:
+        for variant in VARIANTS:
+            root = Path(tempfile.mkdtemp(prefix=f"gpusched-bench-{variant}-"))
+            proc, url, _ = start_server(
+                root,
+                extensions={"_submit_variants": True},
+                extra_env={"GPUSCHED_BENCH_VARIANT": variant},
+            )
+            servers.append((variant, proc, url))
+        for _, proc, url in servers:  # warm each one's first-request paths
+            load(url, proc.pid, 100, args.clients)
+        figures: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for r in range(args.rounds):
+            for clients in (1, args.clients):
+                for variant, proc, url in servers if r % 2 == 0 else servers[::-1]:
+                    got = load(url, proc.pid, args.submits, clients)
+                    figures.setdefault((variant, clients), []).append(got)
+    finally:
+        for _, proc, _ in servers:
+            proc.send_signal(signal.SIGINT)
+        for _, proc, _ in servers:
+            proc.wait(30)
+    print(f"\nPOST jobs, {args.submits} per figure, medians of {args.rounds} rounds:")
+    for clients in (1, args.clients):
+        for variant in VARIANTS:
+            runs = figures[(variant, clients)]
+            rate = statistics.median(x[0] for x in runs)
+            cpu = statistics.median(x[1] for x in runs)
+            print(
+                f"  {clients} client(s), {variant:6s}: {rate:7.1f}/s "
+                f"(runs {min(x[0] for x in runs):.0f}-{max(x[0] for x in runs):.0f})   "
+                f"server CPU {cpu:.2f} ms a request"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
