@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.sql.elements import ColumnElement
@@ -52,7 +49,6 @@ from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
     ARRAY_ID_LABEL,
     TERMINAL_STATES,
-    Event,
     Job,
     JobKind,
     JobSpec,
@@ -63,14 +59,15 @@ from jupyter_gpusched.core.models import (
 
 from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url
+from .eventlog import EventLog
 from .jobcache import JobCache
 from .leader import check_fence
-from .orm import EventRow, JobRow, NodeRow
+from .nodes import NodeLedger
+from .orm import EventRow, JobRow
 from .rows import (
     IN_CHUNK,
     _apply,
     _check_fields,
-    _event,
     _get_row,
     _json_fields,
     add_event_row,
@@ -86,17 +83,6 @@ from .usage import UsageLedger, account_usage
 VERSION_TABLE = "gpusched_alembic_version"
 #: Key of the PostgreSQL advisory lock that keeps two servers from migrating at once.
 _MIGRATE_LOCK_KEY = 0x67707573636864  # "gpuschd"
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """Health of one node: reachable or not, and consecutive failed probes."""
-
-    name: str
-    up: bool
-    failures: int
-    detail: str | None
-    updated_at: datetime
 
 
 #: Fields ``transition`` may set beside the state.
@@ -127,7 +113,7 @@ _ORDERS = {
 }
 
 
-class Store(UsageLedger):
+class Store(UsageLedger, EventLog, NodeLedger):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters
@@ -479,89 +465,6 @@ class Store(UsageLedger):
             )
         for change in changes:  # the next read need not rebuild these from their rows
             self._cache.advance(change["b_id"], change["b_version"], reason=change["b_reason"])
-
-    # -- events -------------------------------------------------------------------------------
-
-    def list_events(
-        self, *, after_id: int = 0, job_id: int | None = None, limit: int = 1000
-    ) -> list[Event]:
-        """Events with id above ``after_id``, oldest first (one job's when ``job_id`` given)."""
-        query = select(EventRow).where(EventRow.id > after_id)
-        if job_id is not None:
-            query = query.where(EventRow.job_id == job_id)
-        with self.read_session() as s:
-            return [_event(r) for r in s.scalars(query.order_by(EventRow.id).limit(limit))]
-
-    def last_event_id(self) -> int:
-        """Id of the newest event, 0 when none: where a live follower starts."""
-        with self.read_session() as s:
-            return s.scalar(select(func.max(EventRow.id))) or 0
-
-    def add_event(
-        self, kind: str, *, job_id: int | None = None, detail: Mapping[str, Any] | None = None
-    ) -> Event:
-        """Log a notable action that is not a job state change (node down, policy window...)."""
-        with self.write_session() as s:
-            if job_id is not None:
-                _get_row(s, job_id)
-            row = EventRow(
-                at=self._clock.now(),
-                job_id=job_id,
-                kind=kind,
-                from_state=None,
-                to_state=None,
-                detail=dict(detail or {}),
-            )
-            add_event_row(s, row)
-            s.flush()
-            return _event(row)
-
-    # -- nodes --------------------------------------------------------------------------------
-
-    def set_node_status(
-        self, name: str, *, up: bool, failures: int, detail: str | None = None
-    ) -> None:
-        """Record a node's health; a node going up or down is also logged as a ``node`` event."""
-        now = self._clock.now()
-        for attempt in range(2):
-            try:
-                with self.write_session() as s:
-                    row = s.get(NodeRow, name, with_for_update=self._for_update)
-                    was_up: bool | None = None
-                    if row is None:
-                        s.add(
-                            NodeRow(
-                                name=name, up=up, failures=failures, detail=detail, updated_at=now
-                            )
-                        )
-                    else:
-                        was_up = row.up
-                        row.up, row.failures, row.detail, row.updated_at = up, failures, detail, now
-                    if was_up is not up:
-                        add_event_row(
-                            s,
-                            EventRow(
-                                at=now,
-                                job_id=None,
-                                kind="node",
-                                from_state=None,
-                                to_state=None,
-                                detail={"node": name, "up": up, "detail": detail},
-                            ),
-                        )
-                return
-            except IntegrityError:
-                # Another server added this node first (PostgreSQL); now it can be locked.
-                if attempt:
-                    raise
-
-    def node_status(self) -> dict[str, NodeStatus]:
-        """Every node's last recorded health, by name."""
-        with self.read_session() as s:
-            return {
-                r.name: NodeStatus(r.name, r.up, r.failures, r.detail, r.updated_at)
-                for r in s.scalars(select(NodeRow).order_by(NodeRow.name))
-            }
 
     # -- plumbing -----------------------------------------------------------------------------
 
