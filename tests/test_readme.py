@@ -91,7 +91,7 @@ def test_the_readme_slurm_config_selects_and_configures_the_slurm_backend() -> N
 
 def test_the_readme_run_as_owner_config_loads_into_the_traits_and_node_configs() -> None:
     from jupyter_gpusched.cluster.ssh import NodeConfig
-    from jupyter_gpusched.server.app import _node_kwargs
+    from jupyter_gpusched.server.building import node_kwargs
 
     text = README.read_text(encoding="utf-8")
     section = text.split("## Jobs run as their owners", 1)[1].split("\n## ", 1)[0]
@@ -100,7 +100,7 @@ def test_the_readme_run_as_owner_config_loads_into_the_traits_and_node_configs()
     exec(block, {"c": c})  # noqa: S102 - our own README
     app = GpuSchedApp(config=c)
     assert (app.run_as, app.user_key_file) == ("sudo", "/etc/gpusched/keys/{user}")
-    (node,) = (NodeConfig(**_node_kwargs(n, app)) for n in app.nodes)
+    (node,) = (NodeConfig(**node_kwargs(n, app)) for n in app.nodes)
     assert node.agent_argv() == ("/opt/gpusched/bin/gpusched-agent",)
     assert (node.run_as, node.username, node.key_file_of("alice")) == (
         "sudo",

@@ -24,12 +24,11 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Enum, Float, Int, List, Set, Type, Unicode, default, validate
 from traitlets import TraitError as _TraitError
-from traitlets.config import Configurable
 
-from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.packing.packer import POLICIES
 
+from .building import build_scheduler
 from .config import GpuSchedPolicy
 from .logs import match_level_to_handlers
 
@@ -301,11 +300,12 @@ class GpuSchedApp(ExtensionApp):
             self.handlers.extend(client_mode.handlers)
             return
         routes = [*jobs.handlers, *cluster.handlers, *events.handlers]
-        for plugin in self._plugins():
+        for plugin in self.plugin_modules():
             routes.extend(plugin.handlers)
         self.handlers.extend([*routes, NO_ROUTE])
 
-    def _plugins(self) -> list[Any]:
+    def plugin_modules(self) -> list[Any]:
+        """The features named by ``plugins``, loaded (their routes, install and shutdown)."""
         from .plugins import load
 
         return load(self.plugins)
@@ -355,7 +355,7 @@ class GpuSchedApp(ExtensionApp):
             self._gc = GcFreezer()
             self._gc.start()
         try:
-            scheduler = await self._build_scheduler()
+            scheduler, self._sim = await build_scheduler(self)
             if self.mode == "service":
                 self._serve_tokens(serverapp, scheduler.store)
             await scheduler.start()
@@ -446,7 +446,7 @@ class GpuSchedApp(ExtensionApp):
             self._waiting = None
         scheduler = self.serverapp.web_app.settings.pop("gpusched", None)
         if scheduler is not None:
-            for plugin in self._plugins():
+            for plugin in self.plugin_modules():
                 if plugin.shutdown is not None:
                     await plugin.shutdown(scheduler)
             await scheduler.stop()
@@ -478,64 +478,6 @@ class GpuSchedApp(ExtensionApp):
             self._ready = asyncio.Event()
         return self._ready
 
-    async def _build_scheduler(self) -> Any:
-        from jupyter_gpusched.cluster.ssh import NodeConfig
-        from jupyter_gpusched.store.store import Store
-
-        clock = SystemClock()
-        # A backend that finds its nodes itself (Slurm) takes `nodes` as SSH access only.
-        finds_nodes = bool(getattr(self.backend_class, "finds_its_nodes", False))
-        if self.nodes or finds_nodes:
-            try:
-                node_configs = [NodeConfig(**_node_kwargs(n, self)) for n in self.nodes]
-            except ValueError as exc:
-                raise _TraitError(f"GpuSchedApp.nodes: {exc}") from None
-        else:
-            from pathlib import Path
-
-            from jupyter_gpusched.cluster.sim.cluster import SimCluster
-
-            if self.run_as != "service":
-                self.log.warning(
-                    "gpusched | run_as=%r applies to `nodes`; the simulated cluster runs every "
-                    "job as this server's user",
-                    self.run_as,
-                )
-            from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES, SimNodeSpec
-
-            specs = DEFAULT_SIM_NODES
-            if self.sim_nodes is not None:
-                specs = tuple(SimNodeSpec(**n) for n in self.sim_nodes)
-            self._sim = SimCluster(specs, base_dir=Path(self.sim_dir) if self.sim_dir else None)
-            node_configs = await self._sim.start()
-        extra: dict[str, Any] = {}
-        if issubclass(self.backend_class, Configurable):
-            extra["parent"] = self  # its own traits come from the same config files
-        backend = self.backend_class(
-            node_configs, clock=clock, inventory_interval_s=self.inventory_interval_s, **extra
-        )
-        policy = GpuSchedPolicy(parent=self).to_policy_config()
-        scheduler = self.scheduler_class(
-            store=Store(self.store_url, clock=clock),
-            backend=backend,
-            policy=policy,
-            clock=clock,
-            packer_policy=self.packer_policy,
-            tick_interval_s=self.tick_interval_s,
-            poll_interval_s=self.poll_interval_s,
-            inventory_interval_s=self.inventory_interval_s,
-            leader_ttl_s=self.leader_ttl_s,
-            admins=frozenset(self.admin_users),
-            gpu_history_samples=self.gpu_history_samples,
-        )
-        for plugin in self._plugins():
-            plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
-        if "leases" in self.plugins:
-            from jupyter_gpusched.leases.bridge import bridge_for
-
-            bridge_for(scheduler).listen_ip = self.kernel_forward_ip
-        return scheduler
-
     async def _stop_sim(self) -> None:
         sim, self._sim = self._sim, None
         if sim is not None:
@@ -546,19 +488,3 @@ class GpuSchedApp(ExtensionApp):
         values = {URL_ENV: serverapp.connection_url, TOKEN_ENV: serverapp.identity_provider.token}
         self._saved_env = {name: os.environ.get(name) for name in values}
         os.environ.update({k: v or "" for k, v in values.items()})
-
-
-def _node_kwargs(node: dict[str, Any], app: GpuSchedApp) -> dict[str, Any]:
-    """A ``nodes`` entry as NodeConfig arguments (``key_file(s)`` -> ``client_keys``)."""
-    kwargs = {k: v for k, v in node.items() if k not in ("key_file", "key_files", "agent")}
-    keys = [node["key_file"]] if "key_file" in node else list(node.get("key_files", ()))
-    if keys:
-        kwargs["client_keys"] = tuple(os.path.expanduser(k) for k in keys)
-    if "agent" in node:
-        agent = node["agent"]
-        kwargs["agent_cmd"] = (agent,) if isinstance(agent, str) else tuple(agent)
-    if app.known_hosts is not None:
-        kwargs.setdefault("known_hosts", app.known_hosts)
-    kwargs["run_as"] = app.run_as
-    kwargs["user_key_file"] = app.user_key_file
-    return kwargs
