@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fixtures_notebooks import NbHarness, nb_harness, nb_sim, write_notebook
 
 from jupyter_gpusched.batch.definitions import Definitions, fire_times, next_fire_time
 from jupyter_gpusched.core.clock import ManualClock
-from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.errors import (
+    ForbiddenError,
+    InvalidSpecError,
+    NotFoundError,
+    UnavailableError,
+)
 from jupyter_gpusched.core.models import JobSpec, JobState
 from jupyter_gpusched.store.store import Store
 
@@ -168,6 +176,33 @@ def test_a_firing_a_little_late_is_on_time_not_missed(
     (job,) = defs.fire_due()
     assert "caught_up" not in job.spec.labels
     assert defs.get(d.id).last_job_id == job.id and defs.get(d.id).fire_count == 1
+
+
+def test_a_store_outage_while_firing_is_raised_not_logged_as_a_broken_definition(
+    defs: Definitions,
+    store: Store,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It was caught as a broken definition: a traceback per definition in the server's log
+    # at every tick of an outage, where the scheduler's loop says once that the store is away.
+    d = defs.create(spec(), schedule="0 10 * * *", catch_up="skip")
+    clock.set(utc(2026, 11, 23, 10, 0, 5))
+    real = store.write_session
+
+    @contextlib.contextmanager
+    def away(**kw: Any) -> Iterator[Any]:
+        raise UnavailableError("the store (PostgreSQL) cannot be reached")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(store, "write_session", away)
+    with pytest.raises(UnavailableError):
+        defs.fire_due()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    monkeypatch.setattr(store, "write_session", real)
+    (job,) = defs.fire_due()  # back: it fires, once
+    assert defs.get(d.id).last_job_id == job.id
 
 
 # ---------------------------------------------------------------------------- management

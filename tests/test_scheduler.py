@@ -26,7 +26,7 @@ from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.cluster.memory import Run
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.core import policy, windows
-from jupyter_gpusched.core.errors import InfeasibleError
+from jupyter_gpusched.core.errors import InfeasibleError, UnavailableError
 from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobKind, JobState, parse_spec
 from jupyter_gpusched.packing import packer
 
@@ -299,6 +299,32 @@ async def test_end_hooks_run_once_after_a_restart_for_jobs_that_ended_meanwhile(
     assert seen == [ran.id]  # the one that never started has nothing to finish
     assert h.job(ran.id).handle["ended_hooks_done"] is True
     await h.sched.start()  # the fixture stops it
+
+
+async def test_end_hooks_cut_by_a_store_outage_run_once_it_is_back(
+    mem_harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An outage inside a hook was logged as the hook failing and the job marked done, so its
+    # notebook's outputs never came home; and the jobs after it in the backlog were dropped.
+    h = mem_harness
+    jobs = [h.submit(gpus=1, run=Run(duration_s=0)) for _ in range(2)]
+    await h.settle(*(j.id for j in jobs))
+    outage = True
+    seen: list[int] = []
+
+    async def hook(job: Job) -> None:
+        if outage:
+            raise UnavailableError("the store (PostgreSQL) cannot be reached")
+        seen.append(job.id)
+
+    h.sched.end_hooks.append(hook)
+    with pytest.raises(UnavailableError):  # the loop says so once and tries again
+        await h.sched.tick()
+    assert not any("end hook failed" in r.getMessage() for r in caplog.records)
+    outage = False
+    await h.sched.tick()
+    assert sorted(seen) == sorted(j.id for j in jobs)
+    assert all(h.job(j.id).handle["ended_hooks_done"] for j in jobs)
 
 
 async def test_expected_starts_learn_from_a_job_of_the_owner_that_just_ended(

@@ -58,6 +58,7 @@ from jupyter_gpusched.core.errors import (
     GpuSchedError,
     InvalidSpecError,
     NotFoundError,
+    UnavailableError,
 )
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.core.schedules import cron_words
@@ -342,6 +343,8 @@ class Definitions:
         for def_id, version in due:
             try:
                 job_id = self._fire(def_id, version, now)
+            except UnavailableError:
+                raise  # the store is away, not this definition broken: it fires when back
             except (GpuSchedError, ValueError):  # e.g. a stored spec no longer validates
                 log.exception("gpusched: definition %s could not fire", def_id)
                 continue

@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
-from jupyter_gpusched.core.errors import GpuSchedError, NotFoundError
+from jupyter_gpusched.core.errors import GpuSchedError, NotFoundError, UnavailableError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,
@@ -131,6 +131,8 @@ class NotebookPlugin:
         try:
             if self.definitions.fire_due(now):
                 self.scheduler.wake()
+        except UnavailableError:
+            raise  # the store is away: the scheduler's loop says so once and tries again
         except Exception:  # a broken definition must not stop the scheduling pass
             log.exception("gpusched: firing job definitions failed")
         running, _ = self.store.list_jobs(

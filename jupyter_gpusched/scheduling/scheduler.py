@@ -344,18 +344,30 @@ class Scheduler(JobActions, Placing):
         if self._hooks_backlog is None:  # first tick after start: catch up on a crash
             self._hooks_backlog = set(self.store.ended_without("ended_hooks_done"))
         pending, self._hooks_backlog = self._hooks_backlog, set()
-        for job in (self.store.get_job(i) for i in sorted(pending)):
-            if job.state not in TERMINAL_STATES:
-                continue
-            if job.handle.get("ended_hooks_done") or not job.started_at:
-                continue
-            for hook in self.end_hooks:
-                try:
-                    await hook(job)
-                except Exception:  # one bad hook must not stop the loop or the others
-                    log.exception("gpusched: end hook failed for job %s", job.id)
-            handle = self.store.get_job(job.id).handle  # as the hooks left it (outputs...)
-            self.store.update_job(job.id, handle={**handle, "ended_hooks_done": True}, event=None)
+        todo = sorted(pending)
+        for n, job_id in enumerate(todo):
+            try:
+                await self._end_hooks_for(job_id)
+            except UnavailableError:
+                # The store went away: these jobs' hooks run once it is back, not never.
+                self._hooks_backlog.update(todo[n:])
+                raise
+
+    async def _end_hooks_for(self, job_id: int) -> None:
+        job = self.store.get_job(job_id)
+        if job.state not in TERMINAL_STATES:
+            return
+        if job.handle.get("ended_hooks_done") or not job.started_at:
+            return
+        for hook in self.end_hooks:
+            try:
+                await hook(job)
+            except UnavailableError:
+                raise  # not the hook's fault: it runs again when the store is back
+            except Exception:  # one bad hook must not stop the loop or the others
+                log.exception("gpusched: end hook failed for job %s", job.id)
+        handle = self.store.get_job(job.id).handle  # as the hooks left it (outputs...)
+        self.store.update_job(job.id, handle={**handle, "ended_hooks_done": True}, event=None)
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
         """Probe the nodes when due; apply a probe's answer.
