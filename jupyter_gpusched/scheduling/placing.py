@@ -40,6 +40,7 @@ from .tracking import JobTracker
 _LONG_QUEUE = 500
 #: Days of usage fair share weighs (older usage has decayed to little at the default half-life).
 FAIR_SHARE_DAYS = 14
+#: No node kept for another job (the usual case): one empty set, hashed once.
 _NO_CLAIMS: frozenset[str] = frozenset()
 
 
