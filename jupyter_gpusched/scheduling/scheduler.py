@@ -23,7 +23,6 @@ from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
-    TERMINAL_STATES,
     Job,
     JobKind,
     JobState,
@@ -40,6 +39,7 @@ from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 
 from .actions import JobActions
+from .endhooks import EndHook, EndHooks
 from .events import EventHub
 from .health import NO_NODE, NodeWatch
 from .history import GpuHistory
@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 
 #: How a job of each kind turns into the argv the backend launches; kinds register here.
 CommandBuilder = Callable[[Job], Sequence[str]]
-#: Called once a job has ended (any terminal state), e.g. to fetch a notebook's output.
-EndHook = Callable[[Job], Awaitable[None]]
 #: Called at every tick with the current time, e.g. to fire recurring job definitions.
 TickHook = Callable[[datetime], Awaitable[None]]
 
@@ -97,9 +95,9 @@ class Scheduler(JobActions, Placing):
         self.admins = admins
         self.commands: dict[JobKind, CommandBuilder] = {JobKind.SCRIPT: script_command}
         self.commands.update(commands or {})
-        self.end_hooks: list[EndHook] = []
+        self._end = EndHooks(self.store)
+        self.end_hooks: list[EndHook] = self._end.hooks  # features append theirs
         self.tick_hooks: list[TickHook] = []
-        self._hooks_backlog: set[int] | None = None
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
         self._probing: asyncio.Task[list[NodeInventory]] | None = None  # a periodic probe
@@ -251,7 +249,7 @@ class Scheduler(JobActions, Placing):
                     with fenced(self._lease.holder, self._epoch):
                         if self._reattach:  # just became leader: find running jobs again
                             await self.tracker.poll_active(force=True)
-                            self._hooks_backlog = None
+                            self._end.forget()
                             self._history.clear()  # jobs the last leader ended
                             self._reattach = False
                         await self.tick(upkeep=self._upkeep_due())
@@ -316,7 +314,7 @@ class Scheduler(JobActions, Placing):
             await asyncio.sleep(0)  # requests waiting meanwhile go first: a pass is long
             await self._schedule(now, active)
             await asyncio.sleep(0)
-            await self._run_end_hooks()
+            await self._end.run()
         await self.notify()
 
     async def _resume_launches(self) -> None:
@@ -334,40 +332,7 @@ class Scheduler(JobActions, Placing):
 
     def _note_ended(self, job_id: int) -> None:
         self._history.clear()  # runtime estimates read the owners' finished jobs again
-        if self._hooks_backlog is not None:  # before the first tick the catch-up finds it
-            self._hooks_backlog.add(job_id)
-
-    async def _run_end_hooks(self) -> None:
-        """Run end hooks once per ended job; the store remembers which ran (restart-safe)."""
-        if not self.end_hooks:
-            return
-        if self._hooks_backlog is None:  # first tick after start: catch up on a crash
-            self._hooks_backlog = set(self.store.ended_without("ended_hooks_done"))
-        pending, self._hooks_backlog = self._hooks_backlog, set()
-        todo = sorted(pending)
-        for n, job_id in enumerate(todo):
-            try:
-                await self._end_hooks_for(job_id)
-            except UnavailableError:
-                # The store went away: these jobs' hooks run once it is back, not never.
-                self._hooks_backlog.update(todo[n:])
-                raise
-
-    async def _end_hooks_for(self, job_id: int) -> None:
-        job = self.store.get_job(job_id)
-        if job.state not in TERMINAL_STATES:
-            return
-        if job.handle.get("ended_hooks_done") or not job.started_at:
-            return
-        for hook in self.end_hooks:
-            try:
-                await hook(job)
-            except UnavailableError:
-                raise  # not the hook's fault: it runs again when the store is back
-            except Exception:  # one bad hook must not stop the loop or the others
-                log.exception("gpusched: end hook failed for job %s", job.id)
-        handle = self.store.get_job(job.id).handle  # as the hooks left it (outputs...)
-        self.store.update_job(job.id, handle={**handle, "ended_hooks_done": True}, event=None)
+        self._end.ended(job_id)
 
     async def _refresh_inventory(self, *, force: bool = False) -> None:
         """Probe the nodes when due; apply a probe's answer.
