@@ -8,9 +8,9 @@ and measures, in one run:
   2 x rounds x submits) and again with ``--queued`` jobs waiting (queued jobs wait
   for a far ``not_before``, so nothing runs and the queue stays as long as it is);
 - a bulk submit: ``array: N`` in one request, jobs per second (median of ``--rounds``);
-- the floor of any Jupyter handler on this machine: Jupyter's own ``GET api/status`` (auth and
-  a small JSON answer, nothing else) per second, one client and ``--clients`` clients, on the
-  same connections; a submit through a Jupyter handler cannot go faster than this;
+- about the ceiling of any request through Jupyter on this machine: Jupyter's own
+  ``GET api/status`` (auth and a small JSON answer) per second, one client and ``--clients``
+  clients, on the same connections;
 - when Slurm works on this machine (``tests/_fixtures_slurm``: Debian's slurmctld + slurmd on
   loopback), plain ``sbatch --hold`` side by side: one and ``--clients`` at once, and
   ``sbatch --array``; otherwise a line says why it was skipped.
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     for clients in (1, args.clients):
         print(
             f"  {clients} client(s): Jupyter's own GET api/status {floor[clients]:7.1f}/s "
-            f"(the floor of a Jupyter handler; submits / that = "
+            f"(about the ceiling of a Jupyter request; submits / that = "
             f"{figures[('empty', clients)] / floor[clients]:.2f})"
         )
     line = f"bulk submit, array of {args.array} in one request: {bulk_rate:9.0f} jobs/s"

@@ -3,7 +3,7 @@
 Starts four ``jupyter server`` processes (only jupyter-gpusched, the default simulated cluster,
 a SQLite store each), whose ``POST jobs`` does (``bench/_submit_variants.py``):
 
-- ``auth``: Jupyter's auth and authorization, then a fixed answer (the floor of any handler);
+- ``auth``: Jupyter's auth and authorization, then a fixed answer (the cost every handler pays);
 - ``parse``: also reads and validates the spec and judges admission;
 - ``commit``: also queues the job through the group commit and answers with its view, with
   no scheduling pass woken;
