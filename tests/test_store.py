@@ -374,7 +374,7 @@ def test_usage_counts_every_attempt_share_weighted(store: Store, clock: ManualCl
     store.transition(other.id, S.STARTING, placement=Placement(node="n", gpu_indices=[0]))
     clock.advance(100)
 
-    records = store.usage_records(since=t0)
+    records = list(store.usage_stretches(since=t0).values())
     assert records == [
         ("ann", 2.0, t0, t0 + timedelta(seconds=3600)),
         ("ann", 0.5, t0 + timedelta(seconds=4200), None),
@@ -382,7 +382,7 @@ def test_usage_counts_every_attempt_share_weighted(store: Store, clock: ManualCl
     ]
     assert store.usage_by_user(since=t0) == {"ann": 2.0 * 3600 + 0.5 * 1900, "bob": 100.0}
     late = t0 + timedelta(seconds=5000)
-    assert len(store.usage_records(since=late)) == 2
+    assert len(store.usage_stretches(since=late)) == 2
     assert store.usage_by_user(since=late)["ann"] == 0.5 * 1100
 
 
@@ -405,17 +405,22 @@ def test_a_finished_usage_stretch_is_read_once_and_an_open_one_every_time(
         store.transition(job.id, S.RUNNING)
     clock.advance(60)
     store.transition(done.id, S.SUCCEEDED)
-    first = store.usage_records(since=t0)
+    first = list(store.usage_stretches(since=t0).values())
     assert len(asked) == 2
-    assert store.usage_records(since=t0) == first
+    assert list(store.usage_stretches(since=t0).values()) == first
     assert len(asked) == 3  # only the open one again
     clock.advance(60)
     store.transition(running.id, S.FAILED)
-    assert store.usage_records(since=t0)[1] == ("bob", 1.0, t0, t0 + timedelta(seconds=120))
+    assert list(store.usage_stretches(since=t0).values())[1] == (
+        "bob",
+        1.0,
+        t0,
+        t0 + timedelta(seconds=120),
+    )
     asked.clear()
-    assert len(store.usage_records(since=t0)) == 2
+    assert len(store.usage_stretches(since=t0)) == 2
     assert asked == []  # both finished, both kept
-    assert store.usage_records(since=t0 + timedelta(seconds=90)) == [
+    assert list(store.usage_stretches(since=t0 + timedelta(seconds=90)).values()) == [
         first[1][:3] + (t0 + timedelta(seconds=120),)
     ]
     event.remove(store.engine, "before_cursor_execute", _count)

@@ -45,15 +45,6 @@ def job_gpus(job: Job) -> float:
     return job.spec.gpus * (job.spec.share_per_gpu or 1.0)
 
 
-def usage_records(jobs: Iterable[Job]) -> list[UsageRecord]:
-    """Usage records of every job that ever started."""
-    return [
-        UsageRecord(j.user, job_gpus(j), j.started_at, j.finished_at)
-        for j in jobs
-        if j.started_at is not None and j.spec.gpus > 0
-    ]
-
-
 def fair_share_usage(
     records: Iterable[UsageLike], half_life_s: float, now: datetime
 ) -> dict[str, float]:

@@ -31,16 +31,12 @@ class UsageLedger:
 
     read_session: Callable[[], AbstractContextManager[Session]]  # the store's
 
-    def usage_records(self, *, since: datetime) -> list[UsageRecord]:
-        """GPU holdings overlapping ``since``..now: ``(user, gpus, started_at, finished_at)``.
-
-        ``gpus`` is share-weighted; ``finished_at`` is None while the job still holds them.
-        Every attempt of a requeued job counts.
-        """
-        return list(self.usage_stretches(since=since).values())
-
     def usage_stretches(self, *, since: datetime) -> dict[int, UsageRecord]:
-        """:meth:`usage_records` by their row ids, oldest first (a stretch's id never changes).
+        """GPU holdings overlapping ``since``..now, by row id, oldest first.
+
+        Each is ``(user, gpus, started_at, finished_at)``: ``gpus`` share-weighted,
+        ``finished_at`` None while the job still holds them; every attempt of a requeued job
+        is one (a stretch's id never changes).
 
         Every pass asks, over a fortnight of a busy lab's jobs: a finished stretch never
         changes, so it is read once and kept; each call reads the ids in the window and only
@@ -71,7 +67,7 @@ class UsageLedger:
         """Share-weighted GPU-seconds per user between ``since`` and now."""
         now = self._clock.now()
         totals: dict[str, float] = {}
-        for user, gpus, started, finished in self.usage_records(since=since):
+        for user, gpus, started, finished in self.usage_stretches(since=since).values():
             seconds = ((finished or now) - max(started, since)).total_seconds()
             totals[user] = totals.get(user, 0.0) + gpus * max(0.0, seconds)
         return totals
