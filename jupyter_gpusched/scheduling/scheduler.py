@@ -148,7 +148,7 @@ class Scheduler(JobActions, Placing):
         self._upkeep_at: float | None = None
         self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
-        self._group = GroupCommit(lambda specs: self.store.add_jobs(specs), self.wake)
+        self._group = GroupCommit(self.store, self.wake)
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
         self._tick_lock = asyncio.Lock()
 
@@ -196,6 +196,7 @@ class Scheduler(JobActions, Placing):
             with contextlib.suppress(Exception):  # a store that is gone frees it by time
                 self._lease.release()
             self._epoch = None
+        await self._group.close()
         await self.backend.close()
 
     @property

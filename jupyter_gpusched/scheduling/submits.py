@@ -1,44 +1,65 @@
 """Group commit of submissions: those that arrive while one commit runs share the next.
 
 A submit's cost is mostly its commit's fsync. Written on the event loop, each waited for the
-one before and stalled every other request meanwhile; here commits run in a worker thread, and
-the submissions that arrive during one are written together in the next transaction (one fsync
-for all of them), each answered with its own job once that commit is done.
+one before and stalled every other request meanwhile; here the submissions that arrive during
+one commit are written together in the next transaction (one fsync for all of them), each
+answered with its own job once that commit is done.
+
+The transaction runs in a store writer process (:mod:`jupyter_gpusched.store.writer`) when
+the store can be opened from a second one, so its work does not hold the GIL the server's
+requests need; otherwise (an in-memory store) in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.store.availability import off_the_loop
+from jupyter_gpusched.store.leader import current_fence
+from jupyter_gpusched.store.store import Store
+from jupyter_gpusched.store.writer import StoreWriter, usable_for
 
 
 class GroupCommit:
     """Queues single submissions into shared transactions, in arrival order."""
 
-    def __init__(
-        self, write: Callable[[Sequence[JobSpec]], list[Job]], written: Callable[[], None]
-    ) -> None:
-        self._write = write  # all or none, in one transaction (Store.add_jobs)
+    def __init__(self, store: Store, written: Callable[[], None], *, process: bool = True) -> None:
+        self._store = store
         self._written = written  # after each commit (the scheduler's wake)
+        self._writer = StoreWriter(store.url) if process and usable_for(store.url) else None
         self._pending: list[tuple[JobSpec, asyncio.Future[Job]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def submit(self, spec: JobSpec) -> Job:
         """The queued job, once the transaction holding it committed."""
         answer: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         self._pending.append((spec, answer))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending())
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._write_pending())
         return await answer
+
+    async def close(self) -> None:
+        """Write what is pending, then stop the writer process."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._writer is not None:
+            await self._writer.close()
+
+    async def _write(self, specs: list[JobSpec]) -> list[Job]:
+        """All or none of ``specs``, in one transaction."""
+        if self._writer is None or not self._writer.ready():
+            return await off_the_loop(self._store.add_jobs, specs)
+        values = self._store.queued_values(specs)
+        ids = await self._writer.insert_queued(values, current_fence())
+        return self._store.queued(specs, values, ids)
 
     async def _write_pending(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                jobs = await off_the_loop(self._write, [spec for spec, _ in batch])
+                jobs = await self._write([spec for spec, _ in batch])
             except Exception as exc:  # the store's error is each submitter's answer
                 for _, answer in batch:
                     if not answer.done():

@@ -70,6 +70,11 @@ def fenced(holder: str, epoch: int) -> Iterator[None]:
         _FENCE.reset(token)
 
 
+def current_fence() -> tuple[str, int] | None:
+    """The (holder, epoch) writes in this context are fenced with, None when not fenced."""
+    return _FENCE.get()
+
+
 def check_fence(session: Session, *, for_update: bool) -> None:
     """Refuse the write with :class:`NotLeaderError` when a fenced writer lost the lease.
 

@@ -44,7 +44,7 @@ def add_job_row(
 
     For callers that write more in the same transaction, e.g. a definition's firing.
     """
-    row = JobRow(**_queued_values(spec, now))
+    row = JobRow(**queued_values(spec, now))
     s.add(row)
     s.flush()
     event = EventRow(
@@ -72,7 +72,7 @@ def add_job_rows(
     if not specs:
         return []
     if array:
-        (head,) = _insert_jobs(s, [_queued_values(specs[0], now)])
+        (head,) = _insert_jobs(s, [queued_values(specs[0], now)])
         specs = [array_task(spec, head, i) for i, spec in enumerate(specs)]
         jobs = JobRow.__table__
         head_json = _spec_json(specs[0])
@@ -80,30 +80,47 @@ def add_job_rows(
         s.execute(
             update(jobs).where(jobs.c.id == head).values(spec=head_json, version=jobs.c.version + 1)
         )
-        values = [_queued_values(spec, now) for spec in specs[1:]]
+        values = [queued_values(spec, now) for spec in specs[1:]]
         ids = [head, *_insert_jobs(s, values)]
         versions = [FIRST_VERSION + 1] + [FIRST_VERSION] * len(values)
         spec_jsons = [head_json, *(v["spec"] for v in values)]
+        add_event_rows(s, _submitted_events(ids, [(spec.user, now) for spec in specs]))
     else:
-        values = [_queued_values(spec, now) for spec in specs]
-        ids = _insert_jobs(s, values)
+        values = [queued_values(spec, now) for spec in specs]
+        ids = insert_queued_rows(s, values)
         versions = [FIRST_VERSION] * len(values)
         spec_jsons = [v["spec"] for v in values]
+    return [QueuedRow(*row) for row in zip(ids, versions, specs, spec_jsons, strict=True)]
+
+
+def insert_queued_rows(s: Session, values: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Insert queued jobs' rows (:func:`queued_values`) and their ``submitted`` events.
+
+    Their ids, in order. A store writer process does this with the values a server sends it.
+    """
+    ids = _insert_jobs(s, list(values))
     add_event_rows(
         s,
-        [
-            {
-                "at": now,
-                "job_id": job_id,
-                "kind": "submitted",
-                "from_state": None,
-                "to_state": JobState.QUEUED.value,
-                "detail": {"user": spec.user},
-            }
-            for job_id, spec in zip(ids, specs, strict=True)
-        ],
+        _submitted_events(ids, [(v["username"], v["submitted_at"]) for v in values]),
     )
-    return [QueuedRow(*row) for row in zip(ids, versions, specs, spec_jsons, strict=True)]
+    return ids
+
+
+def _submitted_events(
+    ids: Sequence[int], whose: Sequence[tuple[str, datetime]]
+) -> list[dict[str, Any]]:
+    """The ``submitted`` event of each new job, given its (owner, submit time)."""
+    return [
+        {
+            "at": at,
+            "job_id": job_id,
+            "kind": "submitted",
+            "from_state": None,
+            "to_state": JobState.QUEUED.value,
+            "detail": {"user": user},
+        }
+        for job_id, (user, at) in zip(ids, whose, strict=True)
+    ]
 
 
 class QueuedRow(NamedTuple):
@@ -132,7 +149,7 @@ def _insert_jobs(s: Session, values: list[dict[str, Any]]) -> list[int]:
     return list(s.scalars(ordered, values))
 
 
-def _queued_values(spec: JobSpec, now: datetime) -> dict[str, Any]:
+def queued_values(spec: JobSpec, now: datetime) -> dict[str, Any]:
     """The columns of a queued job's new row; those left out are NULL (fewer binds per row).
 
     ``placement`` is given: None in a JSON column is stored as JSON ``null``, as it always was.
