@@ -8,12 +8,17 @@ import asyncio
 import os
 import signal
 import sys
+import threading
+import time
+import urllib.error
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _fixtures_polling import wait_for_async
+from _fixtures_polling import wait_for, wait_for_async
 from _fixtures_postgres import store_url
+from _fixtures_service import ServiceProcess
 
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.core.errors import UnavailableError
@@ -190,3 +195,99 @@ def test_only_stores_a_second_process_can_open_get_a_writer() -> None:
     assert usable_for("postgresql+psycopg://u:p@db/gpusched")
     assert not usable_for("sqlite://")
     assert not usable_for("sqlite:///:memory:")
+
+
+# ------------------------------------------------------------------ a service killed mid-stream
+
+
+def writer_children(pid: int) -> list[int]:
+    """Pids of the store writer processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"jupyter_gpusched.store.writer" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow  # a service in a subprocess
+def test_kill_9_while_four_clients_submit_loses_no_acknowledged_job_and_leaves_no_writer(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'gpusched.db'}"
+    service = ServiceProcess(tmp_path / "service", store_url=url).start()
+    acked: list[tuple[str, int]] = []  # (name, id) of every submit answered 201
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            name = f"c{k}-{i}"
+            i += 1
+            body = {"kind": "script", "command": ["true"], "gpus": 1, "name": name}
+            body["not_before"] = "2099-01-01T00:00:00+00:00"
+            try:
+                job = service.api("POST", "jobs", body, token=service.admin_token)
+            except (OSError, urllib.error.HTTPError) as exc:  # the kill, then nobody there
+                failed.append(f"{name}: {exc}")
+                time.sleep(0.05)
+                continue
+            acked.append((name, job["id"]))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        assert service.proc is not None
+        pid = service.proc.pid
+        wait_for(lambda: writer_children(pid), what="the service's store writer process")
+        wait_for(lambda: len(acked) >= 300, what="300 submits answered")
+        (child,) = writer_children(pid)
+        service.stop(signal.SIGKILL)
+        wait_for(
+            lambda: (
+                not Path(f"/proc/{child}").exists()
+                or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            ),
+            what="the orphaned writer to exit",
+        )
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert failed  # the kill was felt mid-stream
+
+        service.start()
+        after = service.api(
+            "POST",
+            "jobs",
+            {
+                "kind": "script",
+                "command": ["true"],
+                "gpus": 1,
+                "not_before": "2099-01-01T00:00:00+00:00",
+            },
+            token=service.admin_token,
+        )
+        store = Store(url, clock=SystemClock())
+        try:
+            jobs, _ = store.list_jobs(limit=None)
+        finally:
+            store.close()
+        names = [job.spec.name for job in jobs]
+        assert len(names) == len(set(names))  # none stored twice
+        stored = {job.spec.name: job.id for job in jobs}
+        assert all(stored.get(name) == job_id for name, job_id in acked)  # none lost
+        assert after["id"] == max(stored.values())
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        service.stop()
