@@ -15,8 +15,8 @@ The wire is the child's stdin and stdout: length-prefixed pickles, one request a
 group commit writes one batch at a time). The store's URL goes over stdin too, never on the
 command line where ``ps`` shows passwords. The child exits when its stdin closes: when the
 server stops, or when it dies (``kill -9`` included). A child that dies fails the batch it
-held with :class:`~jupyter_gpusched.core.errors.UnavailableError` and is started again for
-the next one.
+held with :class:`~jupyter_gpusched.core.errors.UnavailableError` (it may or may not have
+committed); the next batch is written in the server's thread while a new child starts.
 """
 
 from __future__ import annotations
@@ -200,7 +200,10 @@ def _answer(store: Store, values: list[dict[str, Any]], fence: tuple[str, int] |
 
 def main() -> None:
     """Serve batches from stdin until it closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the server's to handle
+    # A Ctrl-C, or a service manager's SIGTERM to the whole group, is the server's to handle:
+    # it may still send the batches it holds, and its exit closes our stdin.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     logging.basicConfig(format="[gpusched store writer] %(levelname)s %(message)s")
     from jupyter_gpusched.core.clock import SystemClock
 
