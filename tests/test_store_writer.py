@@ -72,6 +72,13 @@ async def until_ready(writer: StoreWriter) -> int:
     return writer._proc.pid
 
 
+async def started(commit: GroupCommit) -> tuple[StoreWriter, int]:
+    """Submit once (which starts the child) and wait for it; the writer and its pid."""
+    await commit.submit(spec())
+    writer = writer_of(commit)
+    return writer, await until_ready(writer)
+
+
 def refuse_thread_writes(monkeypatch: pytest.MonkeyPatch, store: Store) -> None:
     """Make the in-process write fail, so a submit that succeeds went through the child."""
 
@@ -112,8 +119,7 @@ async def test_a_deposed_leaders_submit_is_refused_by_the_writer_with_not_leader
     group: tuple[GroupCommit, Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commit, store = group
-    await commit.submit(spec())
-    await until_ready(writer_of(commit))
+    await started(commit)
     refuse_thread_writes(monkeypatch, store)
     with fenced("someone-else:1:abc", 99), pytest.raises(NotLeaderError, match="no longer"):
         await commit.submit(spec(name="late"))
@@ -125,9 +131,7 @@ async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_the_next_
     group: tuple[GroupCommit, Store],
 ) -> None:
     commit, store = group
-    await commit.submit(spec())
-    writer = writer_of(commit)
-    pid = await until_ready(writer)
+    writer, pid = await started(commit)
     os.kill(pid, signal.SIGSTOP)  # it reads nothing more: the next batch waits on it
     pending = asyncio.ensure_future(commit.submit(spec(name="lost")))
     await asyncio.sleep(0.2)
@@ -148,9 +152,7 @@ async def test_a_writer_that_exited_between_batches_costs_no_submit(
     group: tuple[GroupCommit, Store],
 ) -> None:
     commit, store = group
-    await commit.submit(spec())
-    writer = writer_of(commit)
-    pid = await until_ready(writer)
+    writer, pid = await started(commit)
     os.kill(pid, signal.SIGKILL)
     assert writer._proc is not None
     await writer._proc.wait()
@@ -181,9 +183,7 @@ async def test_closing_lets_the_writer_finish_and_exit_by_itself(
     group: tuple[GroupCommit, Store],
 ) -> None:
     commit, _ = group
-    await commit.submit(spec())
-    writer = writer_of(commit)
-    await until_ready(writer)
+    writer, _ = await started(commit)
     proc = writer._proc
     assert proc is not None
     await commit.close()
