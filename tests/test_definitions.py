@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from _fixtures_notebooks import NbHarness, nb_harness, nb_sim, write_notebook
 
-from jupyter_gpusched.batch.definitions import Definitions, fire_times, next_fire_time
+from jupyter_gpusched.batch.cron import fire_times, next_fire_time
+from jupyter_gpusched.batch.definitions import Definitions
 from jupyter_gpusched.core.clock import ManualClock
 from jupyter_gpusched.core.errors import (
     ForbiddenError,

@@ -18,14 +18,7 @@ for the next one. The unique run row is a second guard (e.g. against an edit tha
 schedule back over a time that already fired). There is no lease to expire, so a slow server
 cannot fire twice.
 
-Cron in a timezone, across DST
-------------------------------
-Schedules are evaluated in local wall-clock time (croniter on naive local times); each matching
-local time fires once, at the first instant the local clock reads it -- the rule the policy
-windows use (:func:`jupyter_gpusched.core.windows.local_boundary`). So in spring a time inside the
-skipped hour fires at the jump (02:30 on 2026-03-29 in Europe/Berlin fires at 03:00 CEST), and
-in autumn an ambiguous time fires once, at its first occurrence (hourly jobs get no second
-02:00 on 2026-10-25).
+Schedules are cron expressions in a timezone (:mod:`.cron`).
 
 Catch-up
 --------
@@ -38,9 +31,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import (
     delete,
@@ -62,70 +54,15 @@ from jupyter_gpusched.core.errors import (
 )
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.core.schedules import cron_words
-from jupyter_gpusched.core.windows import local_boundary
 from jupyter_gpusched.store.orm import DefinitionRow, DefinitionRunRow, EventRow
 from jupyter_gpusched.store.rows import add_event_row, add_job_row
 from jupyter_gpusched.store.store import Store
 
+from .cron import MAX_MISSED, check_schedule, next_fire_time
+
 log = logging.getLogger(__name__)
 
 CATCH_UP = ("skip", "once")
-#: Most missed firings counted when catching up (an every-minute job down for a week is 10k).
-_MAX_MISSED = 100_000
-
-
-# ------------------------------------------------------------------------------ schedules
-
-
-def check_schedule(schedule: str, tz_name: str) -> None:
-    """Raise :class:`InvalidSpecError` unless ``schedule`` is a 5-field cron or an @-macro."""
-    from croniter import croniter
-
-    text = schedule.strip()
-    if not (text.startswith("@") or len(text.split()) == 5) or not croniter.is_valid(text):
-        raise InvalidSpecError(
-            "schedule",
-            f"{schedule!r} is not a cron expression; write 5 fields like "
-            "'0 2 * * *' (02:00 daily) or '*/30 * * * 1-5', or @hourly/@daily/@weekly",
-        )
-    check_timezone(tz_name)
-
-
-def check_timezone(tz_name: str) -> ZoneInfo:
-    """The zone, or :class:`InvalidSpecError` naming the field."""
-    try:
-        return ZoneInfo(tz_name)
-    except (KeyError, ValueError):
-        raise InvalidSpecError(
-            "timezone", f"{tz_name!r} is unknown; use an IANA name like 'Europe/Berlin'"
-        ) from None
-
-
-def next_fire_time(schedule: str, tz_name: str, after: datetime) -> datetime:
-    """The first firing strictly after ``after`` (UTC in, UTC out); see the module docstring."""
-    from croniter import croniter
-
-    tz = ZoneInfo(tz_name)
-    local = after.astimezone(tz).replace(tzinfo=None, microsecond=0)
-    # In the repeated autumn hour the local reading lies behind times that already fired
-    # (their first occurrence); the comparison below skips those.
-    it = croniter(schedule.strip(), local)
-    for _ in range(_MAX_MISSED):
-        candidate: datetime = it.get_next(datetime)
-        at = local_boundary(candidate.date(), candidate.time(), tz)
-        if at > after:
-            return at
-    raise InvalidSpecError("schedule", f"{schedule!r} never fires")  # pragma: no cover
-
-
-def fire_times(schedule: str, tz_name: str, start: datetime, end: datetime) -> list[datetime]:
-    """Every firing in ``[start, end]`` (UTC); for previews and tests."""
-    out: list[datetime] = []
-    t = next_fire_time(schedule, tz_name, start - timedelta(microseconds=1))
-    while t <= end:
-        out.append(t)
-        t = next_fire_time(schedule, tz_name, t)
-    return out
 
 
 # ------------------------------------------------------------------------------ the store side
@@ -362,7 +299,7 @@ class Definitions:
         schedule, tz_name, catch_up, spec_json, first = snap
         due: list[datetime] = []
         t = first
-        while t <= now and len(due) < _MAX_MISSED:
+        while t <= now and len(due) < MAX_MISSED:
             due.append(t)
             t = next_fire_time(schedule, tz_name, t)
         if not due:
@@ -498,7 +435,4 @@ __all__ = [
     "DefinitionRun",
     "DefinitionRunRow",
     "Definitions",
-    "check_schedule",
-    "fire_times",
-    "next_fire_time",
 ]

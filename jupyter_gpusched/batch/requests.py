@@ -25,7 +25,7 @@ from jupyter_gpusched.core.models import (
     parse_spec,
 )
 
-from .definitions import check_schedule, check_timezone
+from .cron import check_schedule, check_timezone
 
 #: Labels a notebook job carries (all strings, as labels are).
 CELL_TIMEOUT_LABEL = "notebook_cell_timeout_s"
