@@ -32,6 +32,7 @@ from jupyter_gpusched.core.models import Job, Placement
 from jupyter_gpusched.node.agent import SERVED
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
+from .owners import command_line, sudo_refused
 from .pool import _Node
 from .serving import ServingPool
 
@@ -332,7 +333,7 @@ class SshBackend(ServingPool):
         argv += ["--follow", "--job-dir", h["job_dir"], "--pid", str(h["pid"])]
         if h.get("start_time") is not None:
             argv += ["--start-time", str(h["start_time"])]
-        line = self._line(st, argv, job.user)
+        line = command_line(st.cfg, argv, job.user)
         async with st.streams, self._channel(st, "following a log", job.user) as conn:
             process = await conn.create_process(line, encoding=None)
             try:
@@ -350,7 +351,7 @@ class SshBackend(ServingPool):
                 )
             if process.returncode != 0:
                 err = await process.stderr.read()
-                self._sudo_refused(st, job.user, process.returncode, err)
+                sudo_refused(st.cfg, job.user, process.returncode, err)
                 why = err.decode(errors="replace").strip()[-500:]
                 raise BackendError(f"node {st.cfg.name}: following the log failed: {why}")
 

@@ -1,11 +1,11 @@
 """Pooled SSH connections to the nodes: connect with host-key checks, back off, run, forward.
 
 One connection per node as the scheduler's own account, and -- when jobs run as their owners
-with per-user keys (``run_as="ssh"``) -- one per (node, owner). In ``sudo`` mode commands for
-an owner go over the scheduler's connection as ``sudo -n -H -u OWNER -- AGENT ...``, and only
-the agent may run that way. Failures to reach a node count against the node whoever logged in;
-an owner who cannot log in (no key, no account, sudo says no) is an :class:`AccountError` of
-that owner's job, never a fall back to the scheduler's account.
+with per-user keys (``run_as="ssh"``) -- one per (node, owner); :mod:`.owners` says whose
+login carries a command and builds its line (``sudo`` mode). Failures to reach a node count
+against the node whoever logged in; an owner who cannot log in (no key, no account, sudo says
+no) is an :class:`AccountError` of that owner's job, never a fall back to the scheduler's
+account.
 
 This package (and the simulator's server side) alone imports asyncssh. Every command line is
 built by :func:`shlex.join` from an argument list; host keys are always checked against a
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shlex
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from jupyter_gpusched.core.units import format_duration_s
 
 from ..base import NodeInventory
 from ..portforward import Forwarder, ProcessForward
-from .config import Forward, NodeConfig, RemoteResult, check_account
+from .config import Forward, NodeConfig, RemoteResult
+from .owners import check_user, command_line, login_of, sudo_refused, user_keys
 
 if TYPE_CHECKING:
     from .serving import ServingAgent
@@ -149,31 +149,9 @@ class NodePool:
         if any(c is conn for c in st.all_conns()):
             self._failed(st, message)
 
-    @staticmethod
-    def _login(st: _Node, user: str | None) -> str | None:
-        """Whose SSH login carries a command for ``user``: theirs in ssh mode, else None."""
-        return user if user is not None and st.cfg.run_as == "ssh" else None
-
-    def _check_user(self, st: _Node, user: str | None) -> None:
-        if user is not None and st.cfg.run_as != "service":
-            why = check_account(user)
-            if why is not None:
-                raise AccountError(f"node {st.cfg.name}: cannot run as {user!r}: {why}")
-
-    def _user_keys(self, cfg: NodeConfig, user: str) -> list[Any]:
-        path = cfg.key_file_of(user)
-        try:
-            return [asyncssh.read_private_key(path)]
-        except (OSError, asyncssh.KeyImportError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise AccountError(
-                f"node {cfg.name}: no usable SSH key for {user} at {path} ({why}); jobs run as "
-                "their owners with a key per user the admin provides (user_key_file)"
-            ) from None
-
     async def _connect(self, st: _Node, user: str | None = None) -> Any:
         """The open connection for ``user``'s commands (None: the scheduler's own)."""
-        login = self._login(st, user)
+        login = login_of(st.cfg, user)
         current = st.conn if login is None else st.users.get(login)
         if current is not None and not current.is_closed():
             return current
@@ -218,9 +196,9 @@ class NodePool:
             "connect_timeout": self.connect_timeout_s,
         }
         if login is not None:
-            self._check_user(st, login)
+            check_user(cfg, login)
             options["username"] = login
-            options["client_keys"] = self._user_keys(cfg, login)
+            options["client_keys"] = user_keys(cfg, login)
         else:
             if cfg.username:
                 options["username"] = cfg.username
@@ -318,45 +296,6 @@ class NodePool:
         for conn in conns:
             await conn.wait_closed()
 
-    @staticmethod
-    def _command_line(cfg: NodeConfig, argv: Sequence[str]) -> str:
-        env = [f"{k}={v}" for k, v in cfg.env.items()]
-        return shlex.join(["env", *env, *argv] if env else list(argv))
-
-    def _line(self, st: _Node, argv: Sequence[str], user: str | None) -> str:
-        """The command line that runs ``argv`` on the node as ``user`` (None: the scheduler).
-
-        In sudo mode only the agent runs as an owner: ``sudo -n -H -u USER -- AGENT`` with the
-        node's env passed as the agent's ``--setenv`` (sudo resets the environment).
-        """
-        cfg = st.cfg
-        self._check_user(st, user)
-        if user is None or cfg.run_as != "sudo":
-            return self._command_line(cfg, argv)
-        agent = list(cfg.agent_argv())
-        if list(argv[: len(agent)]) != agent:
-            raise BackendError(
-                f"node {cfg.name}: in sudo mode only the agent runs as a job's owner, "
-                f"not {argv[0]!r}"
-            )
-        setenv = [f"--setenv={k}={v}" for k, v in cfg.env.items()]
-        sudo = [cfg.sudo, "-n", "-H", "-u", user, "--", *agent, *setenv, *argv[len(agent) :]]
-        return self._command_line(cfg, sudo)
-
-    @staticmethod
-    def _sudo_refused(st: _Node, user: str | None, code: int | None, stderr: Any) -> None:
-        """Raise AccountError when sudo itself (not the agent) refused to run as ``user``."""
-        if user is None or st.cfg.run_as != "sudo" or not code:
-            return
-        text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
-        said = [line for line in text.splitlines() if line.startswith("sudo:")]
-        if said:
-            raise AccountError(
-                f"node {st.cfg.name}: cannot run as {user} through sudo ({said[0]}); the node "
-                f"needs an account {user} that the sudoers line for the agent lets the "
-                "scheduler's account run as"
-            )
-
     async def run(
         self,
         node: str,
@@ -376,7 +315,7 @@ class NodePool:
         :class:`AccountError` when the owner cannot log in or sudo refuses them.
         """
         st = self._node(node)
-        line = self._line(st, argv, user)
+        line = command_line(st.cfg, argv, user)
         async with self._channel(st, f"running {argv[0]}", user) as conn:
             stdin = {"input": input} if input is not None else {"stdin": asyncssh.DEVNULL}
             try:
@@ -387,7 +326,7 @@ class NodePool:
                     f"{format_duration_s(timeout_s or 0)}"
                 ) from None
         code = done.returncode if done.returncode is not None else -1
-        self._sudo_refused(st, user, done.returncode, done.stderr)
+        sudo_refused(st.cfg, user, done.returncode, done.stderr)
         result = RemoteResult(code, done.stdout, done.stderr)
         if check and code != 0:
             tail = result.stderr[-2000:] if result.stderr else ""
@@ -407,7 +346,7 @@ class NodePool:
     ) -> RemoteResult:
         """Like :meth:`run` (bytes out), with ``source`` streamed to the command's stdin."""
         st = self._node(node)
-        line = self._line(st, argv, user)
+        line = command_line(st.cfg, argv, user)
         async with self._channel(st, f"running {argv[0]}", user) as conn:
             try:
                 async with asyncio.timeout(timeout_s):
@@ -428,7 +367,7 @@ class NodePool:
                 raise BackendError(
                     f"node {node}: {argv[0]} did not finish within {format_duration_s(timeout_s)}"
                 ) from None
-        self._sudo_refused(st, user, process.returncode, err)
+        sudo_refused(st.cfg, user, process.returncode, err)
         code = process.returncode if process.returncode is not None else -1
         return RemoteResult(code, out, err)
 

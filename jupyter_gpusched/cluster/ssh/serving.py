@@ -22,6 +22,7 @@ from jupyter_gpusched.core.errors import BackendError
 from jupyter_gpusched.core.units import format_duration_s
 
 from .config import NodeConfig, RemoteResult
+from .owners import command_line, sudo_refused
 from .pool import NodePool, _Node
 
 _log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class ServingPool(NodePool):
                 if agent.conn.is_closed():
                     self._lost(st, agent.conn, "connection lost")
                     raise BackendError(f"node {node}: connection lost during {args[0]}") from None
-                self._sudo_refused(st, user, agent.exit_status, agent.stderr)
+                sudo_refused(st.cfg, user, agent.exit_status, agent.stderr)
                 if not agent.answered and not agent.evicted:
                     _log.warning(
                         "node %s: its agent does not serve requests (%s); each command starts "
@@ -193,7 +194,7 @@ class ServingPool(NodePool):
                 oldest.close()
             if len(st.agents) >= cap:
                 return None  # every serving agent is answering someone: a fresh agent
-            line = self._line(st, [*st.cfg.agent_argv(), "serve"], user)
+            line = command_line(st.cfg, [*st.cfg.agent_argv(), "serve"], user)
             conn = await self._connect(st, user)
             with self._translated(st, conn, "starting the node agent"):
                 process = await conn.create_process(line, encoding="utf-8")
