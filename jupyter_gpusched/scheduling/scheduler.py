@@ -83,6 +83,7 @@ class Scheduler(JobActions, Placing):
         admins: frozenset[str] = frozenset(),
         commands: dict[JobKind, CommandBuilder] | None = None,
         gpu_history_samples: int = 2880,
+        store_writer_process: bool = True,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -148,7 +149,7 @@ class Scheduler(JobActions, Placing):
         self._upkeep_at: float | None = None
         self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
-        self._group = GroupCommit(self.store, self.wake)
+        self._group = GroupCommit(self.store, self.wake, process=store_writer_process)
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
         self._tick_lock = asyncio.Lock()
 

@@ -25,10 +25,11 @@ from jupyter_gpusched.store.writer import StoreWriter, usable_for
 class GroupCommit:
     """Queues single submissions into shared transactions, in arrival order."""
 
-    def __init__(self, store: Store, written: Callable[[], None]) -> None:
+    def __init__(self, store: Store, written: Callable[[], None], *, process: bool = True) -> None:
         self._store = store
         self._written = written  # after each commit (the scheduler's wake)
-        self._writer = StoreWriter(store.url) if usable_for(store.url) else None
+        # ``process``: a store writer process where the store allows one, else a thread.
+        self._writer = StoreWriter(store.url) if process and usable_for(store.url) else None
         self._pending: list[tuple[JobSpec, asyncio.Future[Job]]] = []
         self._task: asyncio.Task[None] | None = None
 

@@ -81,6 +81,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
         leader_ttl_s=app.leader_ttl_s,
         admins=frozenset(app.admin_users),
         gpu_history_samples=app.gpu_history_samples,
+        store_writer_process=app.store_writer_process,
     )
     for plugin in app.plugin_modules():
         plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
