@@ -5,8 +5,10 @@ and measures, in one run:
 
 - REST submissions per second, one client and ``--clients`` clients (threads, one job per
   request), with an empty queue (it holds the jobs of the figures before: at most
-  2 x rounds x submits) and again with ``--queued`` jobs waiting (queued jobs wait
-  for a far ``not_before``, so nothing runs and the queue stays as long as it is);
+  2 x rounds x submits), again with ``--queued`` jobs waiting (queued jobs wait
+  for a far ``not_before``, so nothing runs and the queue stays as long as it is), and again
+  with every GPU taken by a long job and ``--queued`` more jobs that could start now but fit
+  nowhere (a busy lab: each pass weighs them);
 - a bulk submit: ``array: N`` in one request, jobs per second (median of ``--rounds``);
 - about the ceiling of any request through Jupyter on this machine: Jupyter's own
   ``GET api/status`` (auth and a small JSON answer) per second, one client and ``--clients``
@@ -42,6 +44,22 @@ from jupyter_gpusched.client.api import GpuSchedClient  # noqa: E402
 
 FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": FAR_FUTURE}
+#: A job that could start now: queued while every GPU is taken, it fits nowhere.
+BUSY = {"kind": "script", "command": ["true"], "gpus": 1}
+
+
+def fill_cluster(client: GpuSchedClient) -> list[int]:
+    """Take every GPU with one long job per node; their ids, once all run."""
+    ids = [
+        client.submit(kind="script", command=["sleep", "3600"], gpus=len(node.gpus)).id
+        for node in client.cluster().nodes
+    ]
+    deadline = time.monotonic() + 60
+    while any(client.get_job(i).state != "running" for i in ids):
+        if time.monotonic() > deadline:
+            raise SystemExit("the cluster-filling jobs did not all start within 60 s")
+        time.sleep(0.2)
+    return ids
 
 
 def rate(n: int, clients: int, submit_one: Callable[[], object]) -> float:
@@ -146,6 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         before = {"empty": 0, "queued": waiting}
         for clients in (1, args.clients):
             figures[("queued", clients)] = rest(client, args.submits, clients, args.rounds)
+        # A busy lab: every GPU taken by a long job, and --queued more jobs that could start
+        # now but fit nowhere (the queue waiting for a far not_before stays too).
+        fillers = fill_cluster(client)
+        client.submit_array(args.queued, BUSY)
+        before["busy"] = args.queued
+        for clients in (1, args.clients):
+            figures[("busy", clients)] = rest(client, args.submits, clients, args.rounds)
+        for job_id in fillers:
+            client.cancel(job_id)
         bulk_rate = bulk(client, args.array, args.rounds)  # last: it lengthens the queue
         floor = {k: status_floor(url, args.submits, k, args.rounds) for k in (1, args.clients)}
     finally:
@@ -158,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         line = f"  {clients} client(s): empty queue {empty:7.1f}/s"
         line += f"   with {before['queued']}+ queued {full:7.1f}/s"
         line += f"   (long / empty = {full / empty:.2f})"
+        busy = figures[("busy", clients)]
+        line += f"   with {before['busy']} more fitting nowhere {busy:7.1f}/s"
+        line += f"   (busy / empty = {busy / empty:.2f})"
         if peer:
             line += f"   sbatch {peer[str(clients)]:7.1f}/s (ours / sbatch = "
             line += f"{empty / peer[str(clients)]:.2f})"

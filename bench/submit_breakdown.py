@@ -1,15 +1,19 @@
 """Where a REST submit's server time goes: the submit handler doing less and less, side by side.
 
-Starts four ``jupyter server`` processes (only jupyter-gpusched, the default simulated cluster,
+Starts five ``jupyter server`` processes (only jupyter-gpusched, the default simulated cluster,
 a SQLite store each), whose ``POST jobs`` does (``bench/_submit_variants.py``):
 
 - ``auth``: Jupyter's auth and authorization, then a fixed answer (the cost every handler pays);
 - ``parse``: also reads and validates the spec and judges admission;
 - ``commit``: also queues the job through the group commit and answers with its view, with
   no scheduling pass woken;
-- ``real``: the handler as it is (every commit wakes a pass).
+- ``real``: the handler as it is (every commit wakes a pass);
 
-All four stay up; rounds load them one after another (order alternating), one client and
+and a fifth whose handler is the real one but whose submits commit in a thread of the server
+(``GpuSchedApp.store_writer_process = False``), not in the store writer process: the
+writer's effect, measured in the same rounds.
+
+All stay up; rounds load them one after another (order alternating), one client and
 ``--clients`` clients, so a slow spell of the machine hits all alike. Prints the median rate of
 each and the server's CPU time (``/proc``) per request, and apart from it that of its children
 (the store writer process that commits submissions).
@@ -35,6 +39,9 @@ from _submit_variants import VARIANTS
 
 from jupyter_gpusched.client import transport
 
+#: The real handler again, on a server whose submits commit in a thread, not a writer process.
+THREAD = "-in-thread"
+LABELS = (*VARIANTS, "real" + THREAD)
 SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": "2099-01-01T00:00:00+00:00"}
 
 
@@ -88,14 +95,16 @@ def main() -> int:
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     servers = []
     try:
-        for variant in VARIANTS:
+        for label in LABELS:
+            variant, thread = label.removesuffix(THREAD), label.endswith(THREAD)
             root = Path(tempfile.mkdtemp(prefix=f"gpusched-bench-{variant}-"))
             proc, url, _ = start_server(
                 root,
+                gpusched={"store_writer_process": not thread},
                 extensions={"_submit_variants": True},
                 extra_env={"GPUSCHED_BENCH_VARIANT": variant},
             )
-            servers.append((variant, proc, url))
+            servers.append((label, proc, url))
         for _, proc, url in servers:  # warm each one's first-request paths
             load(url, proc.pid, 100, args.clients)
         figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
@@ -111,13 +120,13 @@ def main() -> int:
             proc.wait(30)
     print(f"\nPOST jobs, {args.submits} per figure, medians of {args.rounds} rounds:")
     for clients in (1, args.clients):
-        for variant in VARIANTS:
+        for variant in LABELS:
             runs = figures[(variant, clients)]
             rate = statistics.median(x[0] for x in runs)
             cpu = statistics.median(x[1] for x in runs)
             writer = statistics.median(x[2] for x in runs)
             print(
-                f"  {clients} client(s), {variant:6s}: {rate:7.1f}/s "
+                f"  {clients} client(s), {variant:14s}: {rate:7.1f}/s "
                 f"(runs {min(x[0] for x in runs):.0f}-{max(x[0] for x in runs):.0f})   "
                 f"server CPU {cpu:.2f} ms a request (+ {writer:.2f} in its store writer)"
             )
