@@ -7,7 +7,8 @@ answered with its own job once that commit is done.
 
 The transaction runs in a store writer process (:mod:`jupyter_gpusched.store.writer`) when
 the store can be opened from a second one, so its work does not hold the GIL the server's
-requests need; otherwise (an in-memory store) in a worker thread.
+requests need; otherwise in a worker thread: for an in-memory store, with
+``GpuSchedApp.store_writer_process`` off, and while the child starts.
 """
 
 from __future__ import annotations
