@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _fixtures_chaos import run_chaos  # noqa: E402
 from _fixtures_failover import SimNodes, kill_leftovers  # noqa: E402
-from _fixtures_postgres import _Cluster, _find_bindir  # noqa: E402
+from _fixtures_postgres import _Cluster, _find_bindir, create_database  # noqa: E402
 
 HEADER = (
     "| store | window | jobs | kill -9 | lost | run twice | wrong final state | GPUs held "
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                     url = f"sqlite:///{run / 'chaos.db'}"
                 else:
                     assert pg is not None
-                    url = _database(pg.url, f"chaos_{window}")
+                    url = create_database(pg.url, f"chaos_{window}")
                 report = run_chaos(
                     run / "chaos",
                     store_url=url,
@@ -89,18 +89,6 @@ def main(argv: list[str] | None = None) -> int:
             pg.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 0 if clean else 1
-
-
-def _database(server_url: str, name: str) -> str:
-    """A fresh database on the throw-away server."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    server = make_url(server_url)
-    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return server.set(database=name).render_as_string(hide_password=False)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Where a REST submit's server time goes: the submit handler doing less and less, side by side.
 
 Starts five ``jupyter server`` processes (only jupyter-gpusched, the default simulated cluster,
-a SQLite store each), whose ``POST jobs`` does (``bench/_submit_variants.py``):
+a SQLite store each, or with ``--postgres`` a database each on one throw-away PostgreSQL),
+whose ``POST jobs`` does (``bench/_submit_variants.py``):
 
 - ``auth``: Jupyter's auth and authorization, then a fixed answer (the cost every handler pays);
 - ``parse``: also reads and validates the spec and judges admission;
@@ -19,6 +20,7 @@ each and the server's CPU time (``/proc``) per request, and apart from it that o
 (the store writer process that commits submissions).
 
     .venv/bin/python bench/submit_breakdown.py [--submits 300] [--rounds 5] [--clients 8]
+        [--postgres]
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from pathlib import Path
 
 from _server import TOKEN, start_server
 from _submit_variants import VARIANTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _fixtures_postgres import _Cluster, _find_bindir, create_database  # noqa: E402
 
 from jupyter_gpusched.client import transport
 
@@ -90,16 +95,30 @@ def main() -> int:
     parser.add_argument("--submits", type=int, default=300, help="submits per figure")
     parser.add_argument("--rounds", type=int, default=5, help="medians of this many")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="each server on a database of a throw-away PostgreSQL (Debian's), not SQLite",
+    )
     args = parser.parse_args()
     print(f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     servers = []
+    pg = None
+    if args.postgres:
+        bindir = _find_bindir()
+        if bindir is None:
+            raise SystemExit("--postgres needs Debian's postgresql (make system-deps)")
+        pg = _Cluster(bindir)
+        pg.start()
     try:
         for label in LABELS:
             variant, thread = label.removesuffix(THREAD), label.endswith(THREAD)
             root = Path(tempfile.mkdtemp(prefix=f"gpusched-bench-{variant}-"))
+            store = None if pg is None else create_database(pg.url, label.replace("-", "_"))
             proc, url, _ = start_server(
                 root,
+                store,
                 gpusched={"store_writer_process": not thread},
                 extensions={"_submit_variants": True},
                 extra_env={"GPUSCHED_BENCH_VARIANT": variant},
@@ -118,7 +137,10 @@ def main() -> int:
             proc.send_signal(signal.SIGINT)
         for _, proc, _ in servers:
             proc.wait(30)
-    print(f"\nPOST jobs, {args.submits} per figure, medians of {args.rounds} rounds:")
+        if pg is not None:
+            pg.stop()
+    store = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"\nPOST jobs ({store}), {args.submits} per figure, medians of {args.rounds} rounds:")
     for clients in (1, args.clients):
         for variant in LABELS:
             runs = figures[(variant, clients)]

@@ -165,6 +165,17 @@ def _has_user(name: str) -> bool:
     return True
 
 
+def create_database(server_url: str, name: str) -> str:
+    """Create an empty database ``name`` on the server; its URL (for benches and fixtures)."""
+    import psycopg
+
+    server = make_url(server_url)
+    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return server.set(database=name).render_as_string(hide_password=False)
+
+
 @pytest.fixture
 def postgres_url(postgres_server_url: str) -> Iterator[str]:
     """An empty database for one test, dropped (forcibly) when the test ends."""
@@ -173,10 +184,8 @@ def postgres_url(postgres_server_url: str) -> Iterator[str]:
     server = make_url(postgres_server_url)
     name = f"gpusched_test_{uuid.uuid4().hex[:12]}"
     dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield server.set(database=name).render_as_string(hide_password=False)
+        yield create_database(postgres_server_url, name)
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
