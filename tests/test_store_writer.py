@@ -97,8 +97,13 @@ async def test_once_the_writer_is_up_submits_commit_in_it_with_their_events_and_
     pid = await until_ready(writer_of(commit))
     assert pid != os.getpid()
     refuse_thread_writes(monkeypatch, store)
+    wakes = commit._written
+    assert isinstance(wakes, Wakes)
+    woken = wakes.count
 
     jobs = await asyncio.gather(*(commit.submit(spec(f"u{i}", f"n{i}")) for i in range(6)))
+
+    assert 1 <= wakes.count - woken < 6  # the scheduler is woken once per shared commit
 
     assert [job.spec.user for job in jobs] == [f"u{i}" for i in range(6)]
     assert len({job.id for job in jobs}) == 6 and min(job.id for job in jobs) > first.id
