@@ -12,7 +12,6 @@ notebook requests take the same :class:`~.models.JobRequirements` fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -39,6 +38,7 @@ from .models import (
     PriorityClass,
     invalid_field,
 )
+from .privacy import Viewer, public_spec
 
 #: Most items one list request answers.
 MAX_LIMIT = 1000
@@ -71,45 +71,6 @@ class Error(Body):
     error: str = Field(description="exception class, e.g. InvalidSpecError")
     message: str = Field(min_length=1, description="what went wrong and what to fix")
     field: str | None = Field(None, description="the request field to fix, when one is to blame")
-
-
-# ------------------------------------------------------------------------------------ viewers
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who a view is built for: what they may see of other people's jobs depends on it."""
-
-    user: str
-    admin: bool = False
-
-    def sees_all_of(self, owner: str) -> bool:
-        """Whether this viewer sees everything of ``owner``'s jobs (their own, or an admin)."""
-        return self.admin or self.user == owner
-
-
-#: What others see in place of a private value (an env variable's, a parameter's).
-HIDDEN = "<hidden>"
-#: Event detail keys anyone may see of another user's job (``fields`` is cut to its names).
-_PUBLIC_DETAIL = frozenset(
-    {"reason", "exit_code", "attempt", "node", "user", "definition_id", "action", "state"}
-    | {"retry_job_id", "retry", "of", "not_before"}
-)
-#: Event kinds only the owner (and admins) receive: a notebook's cells as they run.
-PRIVATE_EVENT_KINDS = frozenset({"progress"})
-
-
-def public_spec(spec: JobSpec) -> JobSpec:
-    """A job spec as other users see it: env names without values, no notebook parameters."""
-    return spec.model_copy(update={"env": dict.fromkeys(spec.env, HIDDEN), "parameters": {}})
-
-
-def public_detail(detail: dict[str, Any]) -> dict[str, Any]:
-    """An event's detail as other users see it: public keys only, changed fields by name."""
-    out = {k: v for k, v in detail.items() if k in _PUBLIC_DETAIL}
-    if isinstance(detail.get("fields"), dict):
-        out["fields"] = sorted(detail["fields"])
-    return out
 
 
 # ------------------------------------------------------------------------------------ jobs

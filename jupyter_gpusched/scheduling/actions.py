@@ -26,6 +26,7 @@ from jupyter_gpusched.core.models import (
     JobState,
     PriorityClass,
 )
+from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.store import Store
@@ -126,7 +127,7 @@ class JobActions:
         """A page of jobs and the total matching the filters."""
         return self.store.list_jobs(**filters)
 
-    def job_view(self, job: Job, viewer: api.Viewer | None = None) -> api.JobView:
+    def job_view(self, job: Job, viewer: Viewer | None = None) -> api.JobView:
         """The API's JSON for a job as ``viewer`` may see it, position and expected start.
 
         ``viewer`` None: everything (the server's own use, never an answer to a request).

@@ -25,6 +25,7 @@ from typing import Any
 from jupyter_gpusched.core import api
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.models import Event, Job
+from jupyter_gpusched.core.privacy import PRIVATE_EVENT_KINDS, Viewer, public_detail
 from jupyter_gpusched.store.store import Store
 
 #: Events read from the store at once (a replay reads in pages of this).
@@ -46,7 +47,7 @@ class EventHub:
         clock: Clock,
         *,
         cluster: Callable[[], api.Cluster],
-        job: Callable[[Job, api.Viewer | None], api.JobView],
+        job: Callable[[Job, Viewer | None], api.JobView],
         window: int = 10_000,
     ) -> None:
         self._store = store
@@ -119,7 +120,7 @@ class EventHub:
     async def subscribe(
         self,
         *,
-        viewer: api.Viewer | None,
+        viewer: Viewer | None,
         after_id: int = 0,
         cluster_every_s: float | None = 1.0,
     ) -> AsyncIterator[api.EventMessage]:
@@ -138,7 +139,7 @@ class EventHub:
             self._subscribers -= 1
 
     async def _follow(
-        self, viewer: api.Viewer | None, after_id: int, cluster_every_s: float | None
+        self, viewer: Viewer | None, after_id: int, cluster_every_s: float | None
     ) -> AsyncIterator[api.EventMessage]:
         if self._last_id is None:
             self._read_new()
@@ -173,13 +174,13 @@ class EventHub:
                 )
 
     def _for(
-        self, viewer: api.Viewer | None, message: api.EventMessage, job: Job | None
+        self, viewer: Viewer | None, message: api.EventMessage, job: Job | None
     ) -> api.EventMessage | None:
         """``message`` as ``viewer`` may see it; None when it is not theirs to see at all."""
         if job is None or viewer is None or viewer.sees_all_of(job.user):
             return message
-        if message.kind in api.PRIVATE_EVENT_KINDS:
+        if message.kind in PRIVATE_EVENT_KINDS:
             return None
         return message.model_copy(
-            update={"detail": api.public_detail(message.detail), "job": self._job(job, viewer)}
+            update={"detail": public_detail(message.detail), "job": self._job(job, viewer)}
         )

@@ -27,6 +27,7 @@ from jupyter_gpusched.core.models import (
     JobKind,
     JobState,
 )
+from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
@@ -474,7 +475,7 @@ class Scheduler(JobActions, Placing):
     def subscribe(
         self,
         *,
-        viewer: api.Viewer | None,
+        viewer: Viewer | None,
         after_id: int = 0,
         cluster_every_s: float | None = 1.0,
     ) -> AsyncIterator[api.EventMessage]:

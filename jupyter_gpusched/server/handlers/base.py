@@ -19,13 +19,14 @@ from jupyter_server.base.handlers import APIHandler
 from pydantic import BaseModel
 from tornado import web
 
-from jupyter_gpusched.core.api import MAX_ID, Error, Viewer
+from jupyter_gpusched.core.api import MAX_ID, Error
 from jupyter_gpusched.core.errors import (
     BadRequestError,
     GpuSchedError,
     InvalidSpecError,
     NotFoundError,
 )
+from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.core.units import format_size_bytes
 from jupyter_gpusched.server.auth import AUTH_RESOURCE
 from jupyter_gpusched.server.uploads import local_files, store_uploads, user_dir
