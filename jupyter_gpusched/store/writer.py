@@ -31,7 +31,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sqlalchemy.engine import make_url
+
 from jupyter_gpusched.core.errors import GpuSchedError, UnavailableError
+
+from .availability import for_the_loop
+from .leader import fenced
 
 if TYPE_CHECKING:
     from .store import Store
@@ -47,8 +52,6 @@ RETRY_START_S = 30.0
 
 def usable_for(url: str) -> bool:
     """A second process can open this store: a SQLite file or a server, not ``sqlite://``."""
-    from sqlalchemy.engine import make_url
-
     parsed = make_url(url)
     return parsed.get_backend_name() != "sqlite" or parsed.database not in (None, "", ":memory:")
 
@@ -144,8 +147,7 @@ class StoreWriter:
     async def _ask(proc: asyncio.subprocess.Process | None, request: object) -> Any:
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise EOFError("not started")
-        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        proc.stdin.write(_LENGTH.pack(len(data)) + data)
+        proc.stdin.write(_frame(request))
         await proc.stdin.drain()
         (size,) = _LENGTH.unpack(await proc.stdout.readexactly(_LENGTH.size))
         return pickle.loads(await proc.stdout.readexactly(size))  # noqa: S301 (our own child)
@@ -156,6 +158,12 @@ class StoreWriter:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+def _frame(obj: object) -> bytes:
+    """One message on the wire, either way: its length, then its pickle."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(data)) + data
 
 
 # -- the child ---------------------------------------------------------------------------------
@@ -173,15 +181,11 @@ def _read(stream: BinaryIO) -> Any:
 
 
 def _write(stream: BinaryIO, obj: object) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.write(_frame(obj))
     stream.flush()
 
 
 def _answer(store: Store, values: list[dict[str, Any]], fence: tuple[str, int] | None) -> object:
-    from .availability import for_the_loop
-    from .leader import fenced
-
     try:
         with for_the_loop(), contextlib.ExitStack() as stack:
             if fence is not None:
