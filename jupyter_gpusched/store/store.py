@@ -65,7 +65,6 @@ from .leader import check_fence
 from .nodes import NodeLedger
 from .orm import EventRow, JobRow
 from .rows import (
-    FIRST_VERSION,
     IN_CHUNK,
     _apply,
     _check_fields,
@@ -73,13 +72,9 @@ from .rows import (
     _json_fields,
     add_event_row,
     add_event_rows,
-    add_job_row,
-    add_job_rows,
-    insert_queued_rows,
     job_from_row,
-    queued_job,
-    queued_values,
 )
+from .submissions import Submissions
 from .usage import UsageLedger, account_usage
 
 #: Alembic's bookkeeping table; named for us so a shared PostgreSQL database stays readable.
@@ -116,7 +111,7 @@ _ORDERS = {
 }
 
 
-class Store(UsageLedger, EventLog, NodeLedger):
+class Store(Submissions, UsageLedger, EventLog, NodeLedger):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters
@@ -193,46 +188,6 @@ class Store(UsageLedger, EventLog, NodeLedger):
         self._engine.dispose()
 
     # -- jobs ---------------------------------------------------------------------------------
-
-    def add_job(self, spec: JobSpec) -> Job:
-        """Queue a new job and log ``submitted``."""
-        with self.write_session() as s:
-            return job_from_row(add_job_row(s, spec, self._clock.now()))
-
-    def add_jobs(self, specs: Sequence[JobSpec], *, array: bool = False) -> list[Job]:
-        """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
-        if not array:
-            values = self.queued_values(specs)
-            return self.queued(specs, values, self.insert_queued(values))
-        now = self._clock.now()
-        with self.write_session() as s:
-            rows = add_job_rows(s, specs, now, array=True)
-        for row in rows:  # the next pass and the events window read them from here
-            self._cache.keep(queued_job(row.id, row.spec, now), row.version, row.spec_json)
-        return [queued_job(row.id, row.spec, now) for row in rows]
-
-    # The three steps of :meth:`add_jobs`, apart for a store writer process to do the middle.
-
-    def queued_values(self, specs: Sequence[JobSpec]) -> list[dict[str, Any]]:
-        """The new rows' columns of queued jobs submitted now (no I/O)."""
-        now = self._clock.now()
-        return [queued_values(spec, now) for spec in specs]
-
-    def insert_queued(self, values: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Insert :meth:`queued_values` and their events in one transaction; the new ids."""
-        with self.write_session() as s:
-            return insert_queued_rows(s, values)
-
-    def queued(
-        self, specs: Sequence[JobSpec], values: Sequence[Mapping[str, Any]], ids: Sequence[int]
-    ) -> list[Job]:
-        """The jobs just inserted, kept in the job cache (the next pass reads them there)."""
-        jobs = []
-        for spec, value, job_id in zip(specs, values, ids, strict=True):
-            at = value["submitted_at"]  # the caller gets its own object, not the cache's
-            self._cache.keep(queued_job(job_id, spec, at), FIRST_VERSION, value["spec"])
-            jobs.append(queued_job(job_id, spec, at))
-        return jobs
 
     def get_job(self, job_id: int) -> Job:
         """The job with this id; :class:`NotFoundError` when there is none."""
