@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -171,14 +172,20 @@ async def test_gpus_are_named_by_index_when_no_uuid_is_known(
 
 @pytest.mark.asyncio
 async def test_follow_log_streams_until_the_job_ends(
-    backend: SshBackend, clock: ManualClock
+    backend: SshBackend, clock: ManualClock, tmp_path: Path
 ) -> None:
-    job = await launched(
-        backend,
-        script_job(3, ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"], clock),
-        on([0]),
+    # The job writes its later lines only once the follower has its first one: a slow machine
+    # cannot let the job end before the follow starts and so hand over all of it at once.
+    go = tmp_path / "go"
+    script = (
+        f"echo line 1; while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.02; done; "
+        "echo line 2; sleep 0.2; echo line 3"
     )
-    chunks = [chunk async for chunk in backend.follow_log(job)]
+    job = await launched(backend, script_job(3, ["sh", "-c", script], clock), on([0]))
+    chunks = []
+    async for chunk in backend.follow_log(job):
+        chunks.append(chunk)
+        go.touch()
     assert b"".join(chunks) == b"line 1\nline 2\nline 3\n"
     assert len(chunks) >= 2  # it streamed, not one read at the end
     assert (await backend.poll(job)).exit_code == 0
