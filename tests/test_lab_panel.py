@@ -461,7 +461,9 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
         assert dash.locator(".jp-gpusched-gpu").count() == sum(SIM_NODES.values())
         screenshot(page, "lab-dashboard")
     finally:
-        for job_id in jobs:
+        # The waiting job first: cancelling a holder first frees the GPUs it waits for, and it
+        # could then run and end before its own cancel (a 409).
+        for job_id in reversed(jobs):
             call(page, lab_server, "DELETE", f"gpusched/api/jobs/{job_id}")
 
 
