@@ -226,6 +226,7 @@ async def test_a_pass_that_places_nothing_reads_the_active_jobs_once_and_no_even
         monkeypatch.setattr(store, "list_jobs", list_jobs)
         monkeypatch.setattr(store, "last_event_id", last_event_id)
         h.submit(gpus=8)
+        h.sched.wake()  # a full pass (one a submit alone wakes reads only the new jobs)
         pass_task[0] = asyncio.ensure_future(h.sched.tick(upkeep=False))
         await pass_task[0]
         assert h.job(h.sched.list_jobs(limit=1, order="-id")[0][0].id).reason is not None

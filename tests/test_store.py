@@ -131,6 +131,20 @@ def test_only_jobs_with_earlier_attempts_are_read_for_reaping(store: Store) -> N
     assert plain not in {j.id for j in found}
 
 
+def test_a_short_pass_reads_the_active_jobs_and_only_the_newer_queued_ones(
+    store: Store,
+) -> None:
+    old = store.add_job(script()).id
+    starting, running = put_in(store, S.STARTING), put_in(store, S.RUNNING)
+    put_in(store, S.SUCCEEDED)
+    seen = store.add_job(script()).id
+    new = [store.add_job(script()).id for _ in range(2)]
+    active, queued = store.active_and_queued_since(seen)
+    assert [j.id for j in active] == [starting, running]
+    assert [j.id for j in queued] == new
+    assert old not in {j.id for j in queued}
+
+
 def test_ended_jobs_missing_a_step_are_found_without_reading_the_rest(store: Store) -> None:
     never_ran, done, pending, running = (store.add_job(script()).id for _ in range(4))
     store.transition(never_ran, S.CANCELLED, expect=S.QUEUED)

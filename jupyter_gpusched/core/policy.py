@@ -85,6 +85,16 @@ def gpu_hours_today(
 # --------------------------------------------------------------------------------------------
 # Queue order and admission
 
+#: Where a job goes in the queue: (class, owner's decayed usage, submitted at, id); unique.
+OrderKey = tuple[int, float, datetime, int]
+
+
+def order_key(job: Job, usage: Mapping[str, float], window: Window) -> OrderKey:
+    """``job``'s place in the queue: lower goes first (see :func:`order_queue`)."""
+    interactive = job.spec.priority_class is PriorityClass.INTERACTIVE
+    cls = 0 if (interactive or not window.interactive_first) else 1
+    return (cls, usage.get(job.user, 0.0), job.submitted_at, job.id)
+
 
 @dataclass(frozen=True)
 class QueueOrder:
@@ -94,6 +104,8 @@ class QueueOrder:
     jobs: list[Job]
     # Jobs not eligible now, by id, with the reason shown to their owner.
     skipped: dict[int, str]
+    # Each eligible job's place in the order (:func:`order_key`), aligned with ``jobs``.
+    keys: list[OrderKey] = field(default_factory=list)
 
 
 def order_queue(
@@ -126,13 +138,9 @@ def order_queue(
             skipped[job.id] = f"waiting: not before {when}"
         else:
             eligible.append(job)
-
-    def score(job: Job) -> tuple[int, float, datetime, int]:
-        interactive = job.spec.priority_class is PriorityClass.INTERACTIVE
-        cls = 0 if (interactive or not window.interactive_first) else 1
-        return (cls, usage.get(job.user, 0.0), job.submitted_at, job.id)
-
-    return QueueOrder(sorted(eligible, key=score), skipped)
+    # keys are unique (the id is in them): jobs themselves are never compared
+    keyed = sorted((order_key(job, usage, window), job) for job in eligible)
+    return QueueOrder([job for _, job in keyed], skipped, [key for key, _ in keyed])
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.store import Store
 
+from .increments import QueuePositions
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
 
@@ -48,13 +49,17 @@ class JobActions:
     commands: dict[JobKind, Callable[[Job], Sequence[str]]]
     _inventory: list[NodeInventory]
     _base_key: tuple[Any, ...]
-    _positions: dict[int, int]
+    _positions: QueuePositions
     _estimates: dict[int, datetime | None]
     _feasible: dict[tuple[Any, ...], str | None]
     _group: GroupCommit
 
     def wake(self) -> None:
         """Ask for a pass soon (the scheduler's)."""
+        raise NotImplementedError
+
+    def wake_for_new(self) -> None:
+        """Ask for a pass soon after only queueing jobs (the scheduler's)."""
         raise NotImplementedError
 
     async def notify(self) -> None:
@@ -68,7 +73,7 @@ class JobActions:
         """Queue a job; refuse at once a request no node could ever hold."""
         self._admit(spec)
         job = self.store.add_job(spec)
-        self.wake()
+        self.wake_for_new()
         return job
 
     async def submit_grouped(self, spec: JobSpec) -> Job:
@@ -90,7 +95,7 @@ class JobActions:
             except InfeasibleError as exc:
                 raise InfeasibleError(f"job {i} of {len(specs)}: {exc.message}") from None
         jobs = self.store.add_jobs(specs, array=array)
-        self.wake()
+        self.wake_for_new()
         return jobs
 
     def _admit(self, spec: JobSpec) -> None:

@@ -32,6 +32,7 @@ from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.store import Store
 
 from . import health, moves, waiting
+from .increments import PassMemo, QueuePositions, active_marks
 from .launching import Launcher
 from .shapes import Shapes
 from .tracking import JobTracker
@@ -58,7 +59,7 @@ class Placing:
     commands: dict[JobKind, Callable[[Job], Sequence[str]]]
     claim_ttl_s: float
     _inventory: list[NodeInventory]
-    _positions: dict[int, int]
+    _positions: QueuePositions
     _estimates: dict[int, datetime | None]
     _history: dict[str, list[Job]]
     _no_move: tuple[Any, ...] | None
@@ -66,6 +67,9 @@ class Placing:
     _usage_tally: UsageTally  # fair share and today's GPU-hours, finished stretches kept
     _queue_was: int  # how many the last pass found queued
     _shapes: Shapes  # what each queued job requests, derived once per spec object
+    _memo: PassMemo | None  # what the last full pass found, while it still holds
+    _need_full: bool  # something besides submissions changed since the last pass
+    full_pass_every_s: float  # the longest a full pass's answers are trusted
 
     def _cluster_state(
         self, active_jobs: Sequence[Job] | None = None
@@ -73,10 +77,17 @@ class Placing:
         raise NotImplementedError  # the scheduler's
 
     async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
-        """One placing pass; the waiting reasons it finds are written together at its end."""
+        """One placing pass; the waiting reasons it finds are written together at its end.
+
+        When only submissions happened since the last full pass, and no waiting job's time
+        came, it weighs just the new jobs (:mod:`.increments`); otherwise the whole queue.
+        """
+        full, self._need_full = self._need_full, False
         self._reasons = {}
         try:
-            await self._place_queue(now, active)
+            if full or not self._place_new(now, active):
+                self._reasons = {}
+                await self._place_queue(now, active)
         finally:
             reasons, self._reasons = self._reasons, {}
             if reasons:
@@ -85,16 +96,74 @@ class Placing:
                 # where waiting for the write lock (a group commit holds it) stalls requests
                 await off_the_loop(self.store.set_reasons, reasons)
 
+    def _place_new(self, now: datetime, active: windows.ActiveWindow) -> bool:
+        """Weigh only the jobs queued since the last full pass; False: a full pass must.
+
+        Each new job gets its waiting reason and its place in line, or, when it could start,
+        go ahead of the job the queue keeps room for, or preempt, this gives way (see
+        :mod:`.increments`). Expected starts wait for the next full pass.
+        """
+        memo = self._memo
+        if memo is None or (memo.due is not None and now >= memo.due):
+            return False
+        if self.clock.monotonic() - memo.made_at >= self.full_pass_every_s:
+            return False
+        running, new = self.store.active_and_queued_since(memo.seen_id)
+        if not memo.holds(self._inventory, self.policy, self.packer_policy, active, running):
+            return False
+        if not new:
+            return True
+        order = policy.order_queue(new, memo.usage, now, active.window)
+        for key, job in zip(order.keys, order.jobs, strict=True):
+            shape = self._shapes.of(job)
+            admit_key = (job.user, job.held, shape.admit_key)
+            admission = memo.admitted.get(admit_key)
+            if admission is None:
+                admission = memo.admitted[admit_key] = policy.admit(job, memo.ctx)
+            if not admission.ok:
+                self._set_reason(job, admission.reason)
+                continue
+            if memo.head_key is None or key < memo.head_key:
+                return False  # it would be the job the queue keeps room for
+            fit_key = (shape.key, _NO_CLAIMS)
+            reply = memo.no_fit.get(fit_key) or packer.pack(
+                memo.state, shape.request, policy=self.packer_policy
+            )
+            if reply.node is not None:
+                return False
+            if job.spec.priority_class is PriorityClass.INTERACTIVE and (
+                active.window.preempt_batch
+            ):
+                return False
+            memo.no_fit[fit_key] = reply
+            if fit_key not in memo.no_room_why:
+                why = waiting.no_room(reply.reason, job.spec, memo.state, self._inventory)
+                memo.no_room_why[fit_key] = why
+            self._set_reason(job, memo.no_room_why[fit_key])
+        if order.skipped:
+            by_id = {job.id: job for job in new}
+            for job_id, reason in order.skipped.items():
+                job = by_id[job_id]
+                self._set_reason(job, reason)
+                if job.spec.not_before is not None and not job.held:
+                    memo.wake_by(job.spec.not_before)
+        for key in order.keys:
+            self._positions.add(key)
+        memo.seen_id = max(job.id for job in new)
+        self._queue_was += len(new)
+        return True
+
     async def _place_queue(self, now: datetime, active: windows.ActiveWindow) -> None:
         # In a worker thread when the queue was long: with thousands queued this read is the
         # pass's longest stretch, and requests answered meanwhile would otherwise wait for all
         # of it; a short one costs less than the hop (submit -> start pays it). Shared: the
         # pass only reads the jobs (every change goes through the store), so nothing is copied.
+        self._memo = None
         read = partial(self.store.list_jobs, states=[JobState.QUEUED], limit=None, shared=True)
         queued, _ = await off_the_loop(read) if self._queue_was >= _LONG_QUEUE else read()
         self._queue_was = len(queued)
         if not queued:
-            self._positions, self._estimates = {}, {}
+            self._positions, self._estimates = QueuePositions(), {}
             return
         running, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
         state, _ = self._cluster_state(running)
@@ -104,7 +173,7 @@ class Placing:
         by_id = {job.id: job for job in queued}
         claims = _kept_nodes(queued, now)
         self._shapes.begin_pass()
-        self._positions = {job.id: i + 1 for i, job in enumerate(order.jobs)}
+        self._positions = QueuePositions(order.keys)
         for job_id, reason in order.skipped.items():
             self._set_reason(by_id[job_id], reason)
         if (nothing_up := health.no_node_up(self._inventory)) is not None:
@@ -114,6 +183,7 @@ class Placing:
             return
         ctx = self._admission_context(now, active, state, hours_today, running)
         head: backfill.Reservation | None = None
+        head_key: policy.OrderKey | None = None  # the place in line of the job it is for
         # Jobs left waiting, in queue order, and the earliest each may start: for estimates.
         waits: list[Job] = []
         floors: dict[int, datetime] = {}
@@ -127,7 +197,7 @@ class Placing:
         # The active jobs as read above, until this pass changes one (a launch, a preemption,
         # a move): then read again. A pass that placed nothing reads them once.
         current: Sequence[Job] | None = running
-        for job in order.jobs:
+        for key, job in zip(order.keys, order.jobs, strict=True):
             waits.append(job)
             retry_at = job.handle.get("retry_launch_at")
             if retry_at and now < datetime.fromisoformat(retry_at):
@@ -189,7 +259,7 @@ class Placing:
                     no_room_why[fit_key] = why
                 self._set_reason(job, no_room_why[fit_key])
                 if head is None:
-                    head = self._reserved_start(job, now, state, current)
+                    head, head_key = self._reserved_start(job, now, state, current), key
                     batch = job.spec.priority_class is PriorityClass.BATCH
                     if batch and active.window.migrate_batch:
                         node = await self._migrate_for(job, state, head, active.window, current)
@@ -210,12 +280,32 @@ class Placing:
             no_room_why.clear()
             ctx = policy.add_to_context(ctx, job)
             current = None
+            self._positions.remove(key)  # out of the queue: those behind it move up
             await self._launch(job, reply, active)
         for job_id in order.skipped:
             job = by_id[job_id]
             if job.spec.not_before is not None and not job.held:
                 waits.append(job)
                 floors[job_id] = job.spec.not_before
+        if current is running and not claims:  # it changed nothing: short passes may follow
+            self._memo = PassMemo(
+                made_at=self.clock.monotonic(),
+                due=min(floors.values(), default=None),
+                inventory=self._inventory,
+                config=self.policy,
+                packer_policy=self.packer_policy,
+                window=active.window,
+                until=active.until,
+                marks=active_marks(running),
+                state=state,
+                ctx=ctx,
+                usage=usage,
+                head_key=head_key,
+                seen_id=max(job.id for job in queued),
+                admitted=admitted,
+                no_fit=no_fit,
+                no_room_why=no_room_why,
+            )
         if current is None:
             current, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
         # In a worker thread: a backfill profile for hundreds of waiting jobs is the pass's

@@ -44,6 +44,7 @@ from .endhooks import EndHook, EndHooks
 from .events import EventHub
 from .health import NO_NODE, NodeWatch
 from .history import GpuHistory
+from .increments import PassMemo, QueuePositions
 from .launching import Launcher
 from .placing import Placing
 from .shapes import Shapes
@@ -118,11 +119,16 @@ class Scheduler(JobActions, Placing):
         self._base_key: tuple[Any, ...] = ()
         self._base_for: list[NodeInventory] | None = None  # the inventory it was checked for
         self._usage_tally = UsageTally()
-        self._positions: dict[int, int] = {}
+        self._positions = QueuePositions()
         self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
         self._reasons: dict[int, str | None] = {}
         self._queue_was = 0
         self._shapes = Shapes()
+        self._memo: PassMemo | None = None
+        self._need_full = True
+        # Between full passes the queue's answers are trusted this long at most: fair-share
+        # usage, quotas and expected starts drift with time (Slurm's full pass: 60 s).
+        self.full_pass_every_s = 10.0
         # Each owner's latest finished jobs, for runtime estimates: read when first needed and
         # kept until a job ends (a pass with thousands queued asked for them every time).
         self._history: dict[str, list[Job]] = {}
@@ -150,7 +156,7 @@ class Scheduler(JobActions, Placing):
         self._upkeep_at: float | None = None
         self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
-        self._group = GroupCommit(self.store, self.wake, process=store_writer_process)
+        self._group = GroupCommit(self.store, self.wake_for_new, process=store_writer_process)
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
         self._tick_lock = asyncio.Lock()
 
@@ -284,7 +290,12 @@ class Scheduler(JobActions, Placing):
             self._wake.clear()
 
     def wake(self) -> None:
-        """Run the next tick now rather than at the next interval."""
+        """Run the next tick now rather than at the next interval, weighing the whole queue."""
+        self._need_full = True
+        self._wake.set()
+
+    def wake_for_new(self) -> None:
+        """:meth:`wake` after jobs were queued and nothing else changed (:mod:`.increments`)."""
         self._wake.set()
 
     # ------------------------------------------------------------------ the pass

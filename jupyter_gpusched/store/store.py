@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     bindparam,
     func,
+    or_,
     select,
     text,
     update,
@@ -47,6 +49,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
+    ACTIVE_STATES,
     ARRAY_ID_LABEL,
     TERMINAL_STATES,
     Job,
@@ -274,6 +277,25 @@ class Store(Submissions, UsageLedger, EventLog, NodeLedger):
             for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
                 out[row.id] = self._cache.put(row, shared=shared)
         return out
+
+    def active_and_queued_since(self, after_id: int) -> tuple[list[Job], list[Job]]:
+        """The active jobs, and the queued jobs with an id above ``after_id``, by id.
+
+        What a pass woken by submissions reads (:mod:`jupyter_gpusched.scheduling.increments`),
+        in one statement: it runs after every group commit. Shared objects: read only.
+        """
+        active = [x.value for x in ACTIVE_STATES]
+        query = select(JobRow.id, JobRow.version, JobRow.state).where(
+            or_(
+                JobRow.state.in_(active),
+                and_(JobRow.state == JobState.QUEUED.value, JobRow.id > after_id),
+            )
+        )
+        with self.read_session() as s:
+            keys = s.connection().execute(query.order_by(JobRow.id)).all()
+            jobs = self._jobs_of(s, [(i, v) for i, v, _ in keys], shared=True)
+        new = [jobs[i] for i, _, state in keys if state == JobState.QUEUED.value]
+        return [jobs[i] for i, _, state in keys if state != JobState.QUEUED.value], new
 
     def jobs_with_earlier_attempts(self, states: Iterable[JobState]) -> list[Job]:
         """Jobs in ``states`` whose handle records earlier attempts (``previous``), by id.
