@@ -1,13 +1,16 @@
-"""One placing pass (what a submit wakes) against the length of the queue it walks.
+"""The placing passes against the length of the queue: the one a submit wakes, and a full one.
 
-The scheduler on the in-memory cluster (the tests' default lab, 2 x 8 A100, 4 V100, 2 T4; night, so
-no GPUs are kept for interactive work) with
-a SQLite file store, every GPU taken by a long job, and ``N`` jobs waiting: ``busy`` jobs could
-start now but fit nowhere (a busy lab), ``later`` jobs wait for a far ``not_before``. Each
-figure is the median wall time of ``--passes`` place-only passes, each after one more submit
-(what ``POST jobs`` wakes); the baseline is the same pass with an empty queue, in this process.
-Last, the same pass with 100 waiting after ``--history`` jobs ran and ended within the
-fortnight whose usage fair share weighs, against it without them.
+The scheduler on the in-memory cluster (the tests' default lab, 2 x 8 A100, 4 V100, 2 T4;
+night, so no GPUs are kept for interactive work) with a SQLite file store, every GPU taken by a
+long job, and ``N`` jobs waiting: ``busy`` jobs could start now but fit nowhere (a busy lab),
+``later`` jobs wait for a far ``not_before``. Each figure is the median wall time of
+``--passes`` place-only passes, each after one more submit (what ``POST jobs`` wakes): that
+pass weighs only the new job (:mod:`jupyter_gpusched.scheduling.increments`). The full pass,
+which weighs the whole queue (after any change but a submission, and as time moves on: each
+second while it is cheap, as seldom as every 10 s when it is long), is timed the same way with
+a full pass asked for. Baselines: the same passes with an empty queue, in this process. Last,
+the full pass with 100 waiting after ``--history`` jobs ran and ended within the fortnight
+whose usage fair share weighs, against it without them.
 
     .venv/bin/python bench/queue_pass.py [--sizes 0 1000 3000] [--passes 20] [--history 10000]
 """
@@ -35,10 +38,11 @@ FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 FILL = [(8, "A100"), (8, "A100"), (4, "V100"), (2, "T4")]
 
 
-async def pass_ms(n: int, waiting: str, passes: int, history: int = 0) -> float:
+async def pass_ms(n: int, waiting: str, passes: int, *, full: bool, history: int = 0) -> float:
     """Median wall time of a place-only pass with ``n`` jobs of kind ``waiting`` queued.
 
-    ``history``: that many jobs ran and ended before (within the fortnight fair share reads).
+    ``full``: a full pass, else the one a submit wakes. ``history``: that many jobs ran and
+    ended before (within the fortnight fair share reads).
     """
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-pass-") as tmp:
         async with memory_scheduler(Path(tmp), start=SATURDAY_NIGHT) as h:
@@ -46,6 +50,9 @@ async def pass_ms(n: int, waiting: str, passes: int, history: int = 0) -> float:
                 ran(h.sched.store, history)
             busy = [h.submit(gpus=g, gpu_models=[m], run=Run(duration_s=1e9)) for g, m in FILL]
             await h.settle(*(j.id for j in busy), state=JobState.RUNNING)
+            # As in a server: the inventory probe runs beside the passes every 30 s (the
+            # harness probes at every pass, and a new inventory asks for a full pass).
+            h.sched.inventory_interval_s = 3600.0
             extra = {"not_before": FAR_FUTURE} if waiting == "later" else {}
             spec = parse_spec(
                 {"kind": "script", "command": ["train"], "gpus": 1, **extra}, user="ann"
@@ -57,6 +64,8 @@ async def pass_ms(n: int, waiting: str, passes: int, history: int = 0) -> float:
             times = []
             for _ in range(passes):
                 h.sched.submit(spec)
+                if full:
+                    h.sched.wake()
                 t0 = time.perf_counter()
                 await h.sched.tick(upkeep=False)
                 times.append((time.perf_counter() - t0) * 1000)
@@ -79,22 +88,24 @@ async def main() -> None:
     parser.add_argument("--passes", type=int, default=20)
     parser.add_argument("--history", type=int, default=10_000, help="jobs that ran before")
     args = parser.parse_args()
-    base = await pass_ms(0, "busy", args.passes)
-    print(f"pass, empty queue (baseline): {base:7.1f} ms")
-    for waiting in ("busy", "later"):
-        for n in (s for s in args.sizes if s):
-            ms = await pass_ms(n, waiting, args.passes)
-            per_job = (ms - base) / n * 1000
-            print(
-                f"pass, {n:5d} {waiting:5s} jobs waiting: {ms:7.1f} ms  "
-                f"({ms / base:5.1f} x baseline, {per_job:5.1f} us per waiting job)"
-            )
+    for full in (False, True):
+        what = "full pass" if full else "pass a submit wakes"
+        base = await pass_ms(0, "busy", args.passes, full=full)
+        print(f"{what}, empty queue (baseline): {base:7.1f} ms")
+        for waiting in ("busy", "later"):
+            for n in (s for s in args.sizes if s):
+                ms = await pass_ms(n, waiting, args.passes, full=full)
+                per_job = (ms - base) / n * 1000
+                print(
+                    f"{what}, {n:5d} {waiting:5s} jobs waiting: {ms:7.1f} ms  "
+                    f"({ms / base:5.1f} x baseline, {per_job:5.1f} us per waiting job)"
+                )
     if args.history:
-        ms = await pass_ms(100, "busy", args.passes, history=args.history)
-        few = await pass_ms(100, "busy", args.passes)
+        ms = await pass_ms(100, "busy", args.passes, full=True, history=args.history)
+        few = await pass_ms(100, "busy", args.passes, full=True)
         print(
-            f"pass, 100 busy jobs waiting, {args.history} ended in the fortnight: {ms:7.1f} ms  "
-            f"({ms / few:5.1f} x the same without them, {few:.1f} ms)"
+            f"full pass, 100 busy jobs waiting, {args.history} ended in the fortnight: "
+            f"{ms:7.1f} ms  ({ms / few:5.1f} x the same without them, {few:.1f} ms)"
         )
 
 

@@ -21,6 +21,7 @@ from test_scheduler import fragment
 
 from jupyter_gpusched.core.errors import InfeasibleError
 from jupyter_gpusched.core.models import JobState, parse_spec
+from jupyter_gpusched.scheduling import waiting
 
 pytestmark = pytest.mark.asyncio
 
@@ -84,13 +85,40 @@ async def test_a_pass_after_a_submit_that_fits_nowhere_weighs_only_that_job(
         assert weighed.full == 0
         assert (h.job(new.id).reason or "").startswith("waiting: needs 8 GPUs free on one node")
         assert h.sched._positions.get(new.id) == 301
-        # the interval's pass too, until the full pass's answers are too old to trust
+        # the interval's pass too, until the full pass's answers are too old to trust: a
+        # second for a pass as quick as this one (no time passes on the test's clock)
         await h.sched.tick()
         assert weighed.full == 0
-        h.clock.advance(h.sched.full_pass_every_s)
+        h.clock.advance(1.0)
         await h.sched.tick()
         assert weighed.full == 1
         assert len(weighed.jobs) == 1 + 301
+
+
+async def test_a_long_full_pass_is_trusted_a_hundred_times_as_long_up_to_ten_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
+        await busy_queue(h, waiting=3)
+        weighed = Weighed(h, monkeypatch)
+        real = waiting.expected_starts
+        for took_s, trusted_s in ((0.05, 5.0), (0.5, h.sched.full_pass_every_s)):
+
+            def slow(*args: Any, took_s: float = took_s) -> Any:
+                h.clock.advance(took_s)  # the full pass took this long
+                return real(*args)
+
+            monkeypatch.setattr(waiting, "expected_starts", slow)
+            h.sched.wake()
+            await h.sched.tick()
+            full = weighed.full
+            monkeypatch.setattr(waiting, "expected_starts", real)
+            h.clock.advance(trusted_s - took_s - 0.01)
+            await h.sched.tick()
+            assert weighed.full == full
+            h.clock.advance(0.01)
+            await h.sched.tick()
+            assert weighed.full == full + 1
 
 
 async def test_a_full_pass_runs_when_a_waiting_job_may_start(

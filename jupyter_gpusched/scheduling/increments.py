@@ -6,8 +6,10 @@ with the length of its queue. Between two full passes the answers for the jobs a
 stay the same unless something besides a submission happened: a job started, ended or moved,
 a node changed, a queued job was cancelled, held or edited, the window turned. The scheduler
 asks for a full pass whenever one of those happens, when a waiting job's time comes (a
-not-before time, a launch retry), and at least every ``full_pass_every_s`` (10 s: fair-share
-usage, quotas and expected starts drift with time; Slurm's full pass runs every 60 s).
+not-before time, a launch retry), and as time moves on (fair-share usage, quotas and expected
+starts drift): every second while a full pass is cheap, as seldom as every
+``full_pass_every_s`` (10 s) when it is long, so that full passes hold the loop about 1 % of the
+time (Slurm's full pass runs every 60 s).
 Otherwise a pass, the interval's included, weighs only the jobs submitted since, against what
 the last full pass kept here.
 
@@ -65,7 +67,8 @@ def active_marks(active: Sequence[Job]) -> list[tuple[Any, ...]]:
 class PassMemo:
     """The answers of the last full pass that changed nothing (placed, stopped, moved)."""
 
-    made_at: float  # the clock's monotonic time
+    # Until when (the clock's monotonic time) its answers are trusted: see Placing._place_queue.
+    trusted_until: float
     # The first time a waiting job's lot changes by time alone (a not-before time, a launch
     # retry, the window's turn), when a full pass must run; None: no such time.
     due: datetime | None

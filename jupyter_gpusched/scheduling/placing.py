@@ -41,6 +41,10 @@ from .tracking import JobTracker
 _LONG_QUEUE = 500
 #: Days of usage fair share weighs (older usage has decayed to little at the default half-life).
 FAIR_SHARE_DAYS = 14
+#: Full passes may hold the loop this share of the time, while submissions wake short ones.
+_FULL_PASS_SHARE = 0.01
+#: A full pass's answers are trusted at least this long (the interval's pass, by default).
+_MIN_TRUST_S = 1.0
 #: No node kept for another job (the usual case): one empty set, hashed once.
 _NO_CLAIMS: frozenset[str] = frozenset()
 
@@ -106,7 +110,7 @@ class Placing:
         memo = self._memo
         if memo is None or (memo.due is not None and now >= memo.due):
             return False
-        if self.clock.monotonic() - memo.made_at >= self.full_pass_every_s:
+        if self.clock.monotonic() >= memo.trusted_until:
             return False
         running, new = self.store.active_and_queued_since(memo.seen_id)
         if not memo.holds(self._inventory, self.policy, self.packer_policy, active, running):
@@ -159,6 +163,7 @@ class Placing:
         # of it; a short one costs less than the hop (submit -> start pays it). Shared: the
         # pass only reads the jobs (every change goes through the store), so nothing is copied.
         self._memo = None
+        began = self.clock.monotonic()
         read = partial(self.store.list_jobs, states=[JobState.QUEUED], limit=None, shared=True)
         queued, _ = await off_the_loop(read) if self._queue_was >= _LONG_QUEUE else read()
         self._queue_was = len(queued)
@@ -289,7 +294,7 @@ class Placing:
                 floors[job_id] = job.spec.not_before
         if current is running and not claims:  # it changed nothing: short passes may follow
             self._memo = PassMemo(
-                made_at=self.clock.monotonic(),
+                trusted_until=began + self.full_pass_every_s,
                 due=min(floors.values(), default=None),
                 inventory=self._inventory,
                 config=self.policy,
@@ -313,6 +318,12 @@ class Placing:
         self._estimates = await off_the_loop(
             waiting.expected_starts, waits, floors, current, state, now, self._estimate
         )
+        if self._memo is not None:
+            # Trusted for a hundred times as long as the pass took: full passes then hold the
+            # loop ~1 % of the time. A cheap one runs again each second, as every pass did.
+            took = self.clock.monotonic() - began
+            trust = min(self.full_pass_every_s, max(_MIN_TRUST_S, took / _FULL_PASS_SHARE))
+            self._memo.trusted_until = began + trust
 
     def _admission_context(
         self,

@@ -126,8 +126,8 @@ class Scheduler(JobActions, Placing):
         self._shapes = Shapes()
         self._memo: PassMemo | None = None
         self._need_full = True
-        # Between full passes the queue's answers are trusted this long at most: fair-share
-        # usage, quotas and expected starts drift with time (Slurm's full pass: 60 s).
+        # Between full passes the queue's answers are trusted this long at most (less when a
+        # full pass is cheap): fair-share usage, quotas and expected starts drift with time.
         self.full_pass_every_s = 10.0
         # Each owner's latest finished jobs, for runtime estimates: read when first needed and
         # kept until a job ends (a pass with thousands queued asked for them every time).
