@@ -38,6 +38,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         # Before the scheduler is built (on the loop, at start): its group commit keeps the
         # bound method it is given.
         Scheduler.wake = lambda self: None  # type: ignore[method-assign]
+        Scheduler.wake_for_new = lambda self: None  # type: ignore[method-assign]
 
     @web.authenticated
     @authorized

@@ -19,12 +19,14 @@ import pytest_asyncio
 from _fixtures_polling import wait_for, wait_for_async
 from _fixtures_postgres import store_url
 from _fixtures_service import ServiceProcess
+from sqlalchemy import event
 
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.models import JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.submits import GroupCommit
-from jupyter_gpusched.store.leader import NotLeaderError, fenced
+from jupyter_gpusched.store.leader import NotLeaderError, current_fence, fenced
+from jupyter_gpusched.store.orm import JobRow
 from jupyter_gpusched.store.store import Store
 from jupyter_gpusched.store.writer import StoreWriter, usable_for
 
@@ -51,11 +53,13 @@ class Wakes:
 async def group(store_url: str) -> AsyncIterator[tuple[GroupCommit, Store]]:
     store = Store(store_url, clock=SystemClock())
     store.migrate()
-    commit = GroupCommit(store, Wakes())
+    writer = StoreWriter(store.url)
+    commit = GroupCommit(store, Wakes(), writer=writer)
     try:
         yield commit, store
     finally:
         await commit.close()
+        await writer.close()
         store.close()
 
 
@@ -132,6 +136,38 @@ async def test_a_deposed_leaders_submit_is_refused_by_the_writer_with_not_leader
 
 
 @pytest.mark.asyncio
+async def test_waiting_reasons_written_by_the_writer_are_stored_logged_and_kept_in_the_cache(
+    group: tuple[GroupCommit, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commit, store = group
+    writer, _ = await started(commit)
+    jobs = [await commit.submit(spec(name=f"n{i}")) for i in range(3)]
+    reasons = {job.id: f"waiting: reason {job.id}" for job in jobs}
+    monkeypatch.setattr(store, "write_reasons", lambda *_: pytest.fail("written in-process"))
+
+    changes = await writer.write_reasons(reasons, None)
+    store.reasons_written(changes)
+
+    assert sorted(job_id for job_id, _, _ in changes) == sorted(reasons)
+    loads: list[object] = []
+
+    def loaded(target: object, _: object) -> None:
+        loads.append(target)
+
+    event.listen(JobRow, "load", loaded)
+    try:  # the kept jobs are current: reading them rebuilds no row
+        read = {job.id: job.reason for job in store.list_jobs(limit=None)[0] if job.reason}
+    finally:
+        event.remove(JobRow, "load", loaded)
+    assert (read, loads) == (reasons, [])
+    waiting = [e for e in store.list_events() if e.kind == "waiting"]
+    assert {e.job_id: e.detail["fields"]["reason"] for e in waiting} == reasons
+    assert await writer.write_reasons(reasons, None) == []  # unchanged: nothing written
+    with fenced("someone-else:1:abc", 99), pytest.raises(NotLeaderError, match="no longer"):
+        await writer.write_reasons({jobs[0].id: "waiting: late"}, current_fence())
+
+
+@pytest.mark.asyncio
 async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_the_next_submit_is_queued(
     group: tuple[GroupCommit, Store],
 ) -> None:
@@ -192,6 +228,7 @@ async def test_closing_lets_the_writer_finish_and_exit_by_itself(
     proc = writer._proc
     assert proc is not None
     await commit.close()
+    await writer.close()
     assert proc.returncode == 0  # not killed: its stdin closed and it returned
 
 

@@ -38,6 +38,7 @@ from jupyter_gpusched.packing.inventory import (
 )
 from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
+from jupyter_gpusched.store.writer import StoreWriter, usable_for
 
 from .actions import JobActions
 from .endhooks import EndHook, EndHooks
@@ -156,7 +157,11 @@ class Scheduler(JobActions, Placing):
         self._upkeep_at: float | None = None
         self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
-        self._group = GroupCommit(self.store, self.wake_for_new, process=store_writer_process)
+        # Submits' transactions and the waiting reasons passes find, off the server's GIL.
+        self._writer = (
+            StoreWriter(store.url) if store_writer_process and usable_for(store.url) else None
+        )
+        self._group = GroupCommit(self.store, self.wake_for_new, writer=self._writer)
         self.events = EventHub(self.store, self.clock, cluster=self.cluster_view, job=self.job_view)
         self._tick_lock = asyncio.Lock()
 
@@ -205,6 +210,8 @@ class Scheduler(JobActions, Placing):
                 self._lease.release()
             self._epoch = None
         await self._group.close()
+        if self._writer is not None:
+            await self._writer.close()
         await self.backend.close()
 
     @property

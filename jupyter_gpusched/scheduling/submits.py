@@ -20,17 +20,18 @@ from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.leader import current_fence
 from jupyter_gpusched.store.store import Store
-from jupyter_gpusched.store.writer import StoreWriter, usable_for
+from jupyter_gpusched.store.writer import StoreWriter
 
 
 class GroupCommit:
     """Queues single submissions into shared transactions, in arrival order."""
 
-    def __init__(self, store: Store, written: Callable[[], None], *, process: bool = True) -> None:
+    def __init__(
+        self, store: Store, written: Callable[[], None], *, writer: StoreWriter | None
+    ) -> None:
         self._store = store
         self._written = written  # after each commit (the scheduler's wake)
-        # ``process``: a store writer process where the store allows one, else a thread.
-        self._writer = StoreWriter(store.url) if process and usable_for(store.url) else None
+        self._writer = writer  # the store writer process (its owner closes it), else a thread
         self._pending: list[tuple[JobSpec, asyncio.Future[Job]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -43,11 +44,9 @@ class GroupCommit:
         return await answer
 
     async def close(self) -> None:
-        """Write what is pending, then stop the writer process."""
+        """Write what is pending."""
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._writer is not None:
-            await self._writer.close()
 
     async def _write(self, specs: list[JobSpec]) -> list[Job]:
         """All or none of ``specs``, in one transaction."""

@@ -103,6 +103,8 @@ _TRANSITION_FIELDS = frozenset(
 _UPDATE_FIELDS = frozenset(
     {"spec", "held", "handle", "last_activity_at", "reason", "placement", "exit_code", "attempt"}
 )
+#: A job whose waiting reason was written: (id, its row's version before, the reason).
+ReasonChange = tuple[int, int, str | None]
 _ORDERS = {
     "id": JobRow.id,
     "submitted_at": JobRow.submitted_at,
@@ -430,6 +432,15 @@ class Store(Submissions, UsageLedger, EventLog, NodeLedger):
         executemany UPDATE (after a bulk submit every new job gets its first reason), which
         bumps each row's version as the ORM would, so every process's job cache sees it.
         """
+        self.reasons_written(self.write_reasons(reasons))
+
+    def reasons_written(self, changes: Sequence[ReasonChange]) -> None:
+        """Keep what :meth:`write_reasons` changed (perhaps in the store writer process)."""
+        for job_id, version, reason in changes:  # the next read need not rebuild these rows
+            self._cache.advance(job_id, version, reason=reason)
+
+    def write_reasons(self, reasons: Mapping[int, str | None]) -> list[ReasonChange]:
+        """:meth:`set_reasons`' transaction; what it changed, for :meth:`reasons_written`."""
         now = self._clock.now()
         jobs = JobRow.__table__
         with self.write_session(redoable=True) as s:
@@ -445,7 +456,7 @@ class Store(Submissions, UsageLedger, EventLog, NodeLedger):
                 if reason != reasons[job_id]
             ]
             if not changes:
-                return
+                return []
             cas = update(jobs).where(
                 jobs.c.id == bindparam("b_id"), jobs.c.version == bindparam("b_version")
             )
@@ -469,8 +480,7 @@ class Store(Submissions, UsageLedger, EventLog, NodeLedger):
                     for change in changes
                 ],
             )
-        for change in changes:  # the next read need not rebuild these from their rows
-            self._cache.advance(change["b_id"], change["b_version"], reason=change["b_reason"])
+        return [(c["b_id"], c["b_version"], c["b_reason"]) for c in changes]
 
     # -- plumbing -----------------------------------------------------------------------------
 

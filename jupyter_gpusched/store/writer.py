@@ -5,14 +5,17 @@ a worker thread. That thread shares the GIL with the event loop: building the st
 running SQLAlchemy's session cost a 4-job transaction 2.8 ms there against 0.88 ms alone, and
 with 8 clients it was the largest share of a submit. Here the server builds each row's column
 values (it keeps them for its job cache anyway) and a child process inserts them and their
-``submitted`` events in one transaction of its own, on the other core.
+``submitted`` events in one transaction of its own, on the other core. The waiting reasons
+the passes those submits wake find for the new jobs go the same way (one transaction a pass,
+3-4 ms of the server's CPU each under load when written in its thread).
 
 Everything else a transaction must do is the same as in the server: the child opens the store
 through :class:`~.store.Store`, so fencing, the events lock on PostgreSQL and failing fast when
 the store is away (:func:`~.availability.for_the_loop`) apply unchanged.
 
-The wire is the child's stdin and stdout: length-prefixed pickles, one request at a time (the
-group commit writes one batch at a time). The store's URL goes over stdin too, never on the
+The wire is the child's stdin and stdout: length-prefixed pickles, one request at a time (an
+operation, its payload, the leader's fence; a lock keeps the server's callers in turn). The
+store's URL goes over stdin too, never on the
 command line where ``ps`` shows passwords. The child exits when its stdin closes: when the
 server stops, or when it dies (``kill -9`` included). A child that dies fails the batch it
 held with :class:`~jupyter_gpusched.core.errors.UnavailableError` (it may or may not have
@@ -39,7 +42,7 @@ from .availability import for_the_loop
 from .leader import fenced
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store import ReasonChange, Store
 
 log = logging.getLogger(__name__)
 
@@ -86,19 +89,30 @@ class StoreWriter:
         self, values: Sequence[Mapping[str, Any]], fence: tuple[str, int] | None
     ) -> list[int]:
         """Insert queued jobs' rows and their events in one transaction; their new ids."""
+        unknown = "whether these jobs were queued is unknown: list your jobs before submitting"
+        return list(await self._call("insert", list(values), fence, f"{unknown} them again"))
+
+    async def write_reasons(
+        self, reasons: Mapping[int, str | None], fence: tuple[str, int] | None
+    ) -> list[ReasonChange]:
+        """:meth:`Store.write_reasons` in the child; what it changed."""
+        lost = "these waiting reasons may not be written (the next full pass writes them)"
+        return list(await self._call("reasons", dict(reasons), fence, lost))
+
+    async def _call(
+        self, op: str, payload: object, fence: tuple[str, int] | None, if_gone: str
+    ) -> Any:
         async with self._lock:
             try:
-                ok, answer = await self._ask(self._proc, (list(values), fence))
+                ok, answer = await self._ask(self._proc, (op, payload, fence))
             except (OSError, asyncio.IncompleteReadError, EOFError) as exc:
                 await self._reap()
                 raise UnavailableError(
-                    f"the store writer process exited ({exc or type(exc).__name__}); "
-                    "whether these jobs were queued is unknown: list your jobs before "
-                    "submitting them again",
+                    f"the store writer process exited ({exc or type(exc).__name__}); {if_gone}",
                     retry_after_s=1.0,
                 ) from None
         if ok:
-            return list(answer)
+            return answer
         raise answer
 
     async def close(self) -> None:
@@ -185,12 +199,16 @@ def _write(stream: BinaryIO, obj: object) -> None:
     stream.flush()
 
 
-def _answer(store: Store, values: list[dict[str, Any]], fence: tuple[str, int] | None) -> object:
+def _answer(store: Store, op: str, payload: Any, fence: tuple[str, int] | None) -> object:
     try:
         with for_the_loop(), contextlib.ExitStack() as stack:
             if fence is not None:
                 stack.enter_context(fenced(*fence))
-            return (True, store.insert_queued(values))
+            if op == "insert":
+                return (True, store.insert_queued(payload))
+            if op == "reasons":
+                return (True, store.write_reasons(payload))
+            return (False, RuntimeError(f"the store writer has no operation {op!r}"))
     except GpuSchedError as exc:
         try:  # the server raises it as it is (NotLeaderError, UnavailableError with its pause)
             pickle.loads(pickle.dumps(exc))  # noqa: S301 (our own object)
@@ -228,10 +246,10 @@ def main() -> None:
         _write(stdout, (True, None))
         while True:
             try:
-                values, fence = _read(stdin)
+                op, payload, fence = _read(stdin)
             except EOFError:
                 return
-            _write(stdout, _answer(store, values, fence))
+            _write(stdout, _answer(store, op, payload, fence))
     except BrokenPipeError:  # the server is gone
         return
     finally:
