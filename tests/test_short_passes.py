@@ -159,28 +159,29 @@ async def test_a_submitted_job_that_fits_gets_a_full_pass_and_starts(
         assert h.job(small.id).state in (JobState.STARTING, JobState.RUNNING)
 
 
-async def test_a_job_that_goes_ahead_of_the_one_kept_room_for_gets_a_full_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("start", "used_s", "user", "priority"),
+    [
+        # Alice's running jobs count against her share: Bob's job goes ahead of hers, and
+        # would be the job the queue keeps room for (and moves batch jobs for by night).
+        (SATURDAY_NIGHT, 1800, "bob", "batch"),
+        # By day interactive work goes first, and may preempt batch jobs.
+        (MONDAY_9AM, 0, "alice", "interactive"),
+    ],
+    ids=["ahead-of-the-job-kept-room-for", "interactive-by-day"],
+)
+async def test_a_job_that_would_go_first_gets_a_full_pass(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start: Any,
+    used_s: float,
+    user: str,
+    priority: str,
 ) -> None:
-    # Alice's running jobs count against her share: Bob's job goes ahead of hers, and would
-    # be the job the queue keeps room for (and moves batch jobs for by night), which only a
-    # full pass weighs.
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3, used_s=1800)
+    async with memory_scheduler(tmp_path, start=start) as h:
+        await busy_queue(h, waiting=3, used_s=used_s)
         weighed = Weighed(h, monkeypatch)
-        h.submit("bob", gpus=8)
-        await h.sched.tick(upkeep=False)
-        assert weighed.full == 1
-
-
-async def test_an_interactive_job_by_day_gets_a_full_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # By day interactive work goes first and may preempt batch jobs: only a full pass weighs.
-    async with memory_scheduler(tmp_path, start=MONDAY_9AM) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
-        h.submit(gpus=8, priority="interactive")
+        h.submit(user, gpus=8, priority=priority)
         await h.sched.tick(upkeep=False)
         assert weighed.full == 1
 
