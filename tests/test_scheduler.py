@@ -201,6 +201,7 @@ async def test_a_pass_that_places_nothing_reads_the_active_jobs_once_and_no_even
         for _ in range(3):
             h.submit(gpus=8)  # fit nowhere: the first gets a reserved start
         await h.sched.tick()
+        await h.drive()  # the pass measured is the only one
         h.sched.inventory_interval_s = 3600.0  # no probe due during the pass measured
         store = h.sched.store
         real_list, real_last = store.list_jobs, store.last_event_id

@@ -8,7 +8,6 @@ not answer for them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 from datetime import timedelta
@@ -65,12 +64,7 @@ async def busy_queue(h: Harness, waiting: int, used_s: float = 0.0) -> None:
     for _ in range(waiting):
         h.submit(gpus=8)
     await h.sched.tick()
-    # The test runs every pass from here: the scheduler's own loop would run some between.
-    loop_task, h.sched._task = h.sched._task, None
-    assert loop_task is not None
-    loop_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await loop_task
+    await h.drive()
 
 
 async def test_a_pass_after_a_submit_that_fits_nowhere_weighs_only_that_job(
