@@ -10,6 +10,11 @@ and measures, in one run:
   with every GPU taken by a long job and ``--queued`` more jobs that could start now but fit
   nowhere (a busy lab: each pass weighs them);
 - a bulk submit: ``array: N`` in one request, jobs per second (median of ``--rounds``);
+- the busy lab again, paired: a second server with the busy lab's queue and a fresh one side
+  by side, ``--pairs`` rounds of ``--clients`` clients alternating between them (which goes
+  first alternates too), each busy round divided by the empty round next to it; a figure
+  above is three rounds of a second or less, in which one full pass (every 1-10 s) or one
+  inventory probe weighs a lot, so the paired ratios say more about "flat";
 - about the ceiling of any request through Jupyter on this machine: Jupyter's own
   ``GET api/status`` (auth and a small JSON answer) per second, one client and ``--clients``
   clients, on the same connections;
@@ -136,6 +141,38 @@ def slurm(n: int, clients: int, array: int, rounds: int) -> dict[str, float] | N
         cluster.stop()
 
 
+def paired_busy(n: int, clients: int, queued: int, pairs: int) -> None:
+    """Busy lab against an empty queue on two servers at once, rounds alternating; prints."""
+    servers: list[subprocess.Popen[bytes]] = []
+    servers_clients: list[tuple[GpuSchedClient, dict[str, object]]] = []
+    try:
+        for busy in (False, True):
+            proc, url, _ = start_server(Path(tempfile.mkdtemp(prefix="gpusched-bench-pair-")))
+            servers.append(proc)
+            client = GpuSchedClient(url, TOKEN)
+            if busy:
+                fill_cluster(client)
+                client.submit_array(queued, BUSY)
+            rate(n, clients, lambda c=client, s=BUSY if busy else SPEC: c.submit(s))  # warm
+            servers_clients.append((client, BUSY if busy else SPEC))
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(pairs):
+            for busy in (i % 2 == 1, i % 2 == 0):
+                client, spec = servers_clients[busy]
+                rates[busy].append(rate(n, clients, lambda c=client, s=spec: c.submit(s)))
+    finally:
+        for proc in servers:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    ratios = [b / e for b, e in zip(rates[True], rates[False], strict=True)]
+    print(
+        f"  busy lab, paired ({pairs} rounds of {n} from {clients} clients on each of two "
+        f"servers): busy / empty {', '.join(f'{r:.2f}' for r in ratios)}; median "
+        f"{statistics.median(ratios):.2f}; empty {statistics.median(rates[False]):.1f}/s, "
+        f"busy {statistics.median(rates[True]):.1f}/s (medians)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--submits", type=int, default=300, help="REST submits per figure")
@@ -143,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queued", type=int, default=3000, help="queue length of the 2nd run")
     parser.add_argument("--array", type=int, default=5000, help="jobs per bulk submit")
     parser.add_argument("--rounds", type=int, default=3, help="medians of this many")
+    parser.add_argument("--pairs", type=int, default=8, help="busy/empty pairs; 0: skip")
     args = parser.parse_args(argv)
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
@@ -198,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             f"(about the ceiling of a Jupyter request; submits / that = "
             f"{figures[('empty', clients)] / floor[clients]:.2f})"
         )
+    if args.pairs:
+        paired_busy(args.submits, args.clients, args.queued, args.pairs)
     line = f"bulk submit, array of {args.array} in one request: {bulk_rate:9.0f} jobs/s"
     if peer:
         line += f"   sbatch --array of {peer['array_size']:.0f}: {peer['array']:9.0f} tasks/s"
