@@ -54,9 +54,6 @@ class QueuePositions:
         del self._keys[bisect_left(self._keys, key)]
         del self._key_of[key[3]]
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
 
 def active_marks(active: Sequence[Job]) -> list[tuple[Any, ...]]:
     """What placing reads of the active jobs: a change to any asks for a full pass."""
