@@ -28,18 +28,16 @@ Durability and consistency
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
     and_,
-    bindparam,
     func,
     or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -67,6 +65,7 @@ from .jobcache import JobCache
 from .leader import check_fence
 from .nodes import NodeLedger
 from .orm import EventRow, JobRow
+from .reasons import WaitingReasons
 from .rows import (
     IN_CHUNK,
     _apply,
@@ -74,7 +73,6 @@ from .rows import (
     _get_row,
     _json_fields,
     add_event_row,
-    add_event_rows,
     job_from_row,
 )
 from .submissions import Submissions
@@ -103,8 +101,6 @@ _TRANSITION_FIELDS = frozenset(
 _UPDATE_FIELDS = frozenset(
     {"spec", "held", "handle", "last_activity_at", "reason", "placement", "exit_code", "attempt"}
 )
-#: A job whose waiting reason was written: (id, its row's version before, the reason).
-ReasonChange = tuple[int, int, str | None]
 _ORDERS = {
     "id": JobRow.id,
     "submitted_at": JobRow.submitted_at,
@@ -116,7 +112,7 @@ _ORDERS = {
 }
 
 
-class Store(Submissions, UsageLedger, EventLog, NodeLedger):
+class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters
@@ -424,63 +420,6 @@ class Store(Submissions, UsageLedger, EventLog, NodeLedger):
                     ),
                 )
             return job_from_row(row)
-
-    def set_reasons(self, reasons: Mapping[int, str | None]) -> None:
-        """Record why queued jobs wait, in one transaction, each with a ``waiting`` event.
-
-        A job no longer queued (started, cancelled meanwhile) or gone keeps what it has. One
-        executemany UPDATE (after a bulk submit every new job gets its first reason), which
-        bumps each row's version as the ORM would, so every process's job cache sees it.
-        """
-        self.reasons_written(self.write_reasons(reasons))
-
-    def reasons_written(self, changes: Sequence[ReasonChange]) -> None:
-        """Keep what :meth:`write_reasons` changed (perhaps in the store writer process)."""
-        for job_id, version, reason in changes:  # the next read need not rebuild these rows
-            self._cache.advance(job_id, version, reason=reason)
-
-    def write_reasons(self, reasons: Mapping[int, str | None]) -> list[ReasonChange]:
-        """:meth:`set_reasons`' transaction; what it changed, for :meth:`reasons_written`."""
-        now = self._clock.now()
-        jobs = JobRow.__table__
-        with self.write_session(redoable=True) as s:
-            queued = jobs.c.state == JobState.QUEUED.value
-            found = s.execute(
-                select(jobs.c.id, jobs.c.version, jobs.c.reason).where(
-                    jobs.c.id.in_(list(reasons)), queued
-                )
-            )
-            changes = [
-                {"b_id": job_id, "b_version": version, "b_reason": reasons[job_id]}
-                for job_id, version, reason in found
-                if reason != reasons[job_id]
-            ]
-            if not changes:
-                return []
-            cas = update(jobs).where(
-                jobs.c.id == bindparam("b_id"), jobs.c.version == bindparam("b_version")
-            )
-            done = s.execute(
-                cas.values(reason=bindparam("b_reason"), version=jobs.c.version + 1), changes
-            )
-            sane = s.get_bind().dialect.supports_sane_multi_rowcount
-            if sane and done.rowcount != len(changes):  # another server changed one meanwhile
-                raise ConflictError("a job changed meanwhile; reload it and try again")
-            add_event_rows(
-                s,
-                [
-                    {
-                        "at": now,
-                        "job_id": change["b_id"],
-                        "kind": "waiting",
-                        "from_state": None,
-                        "to_state": None,
-                        "detail": {"fields": {"reason": change["b_reason"]}},
-                    }
-                    for change in changes
-                ],
-            )
-        return [(c["b_id"], c["b_version"], c["b_reason"]) for c in changes]
 
     # -- plumbing -----------------------------------------------------------------------------
 

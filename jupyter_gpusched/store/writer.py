@@ -42,7 +42,8 @@ from .availability import for_the_loop
 from .leader import fenced
 
 if TYPE_CHECKING:
-    from .store import ReasonChange, Store
+    from .reasons import ReasonChange
+    from .store import Store
 
 log = logging.getLogger(__name__)
 
