@@ -29,9 +29,8 @@ from jupyter_gpusched.core.models import (
 from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.store.availability import off_the_loop
-from jupyter_gpusched.store.leader import current_fence
 from jupyter_gpusched.store.store import Store
-from jupyter_gpusched.store.writer import StoreWriter
+from jupyter_gpusched.store.writer import StoreWriter, set_reasons
 
 from . import health, moves, waiting
 from .increments import PassMemo, QueuePositions, active_marks
@@ -98,20 +97,9 @@ class Placing:
         finally:
             reasons, self._reasons = self._reasons, {}
             if reasons:
-                await self._write_reasons(reasons)
-
-    async def _write_reasons(self, reasons: Mapping[int, str | None]) -> None:
-        """Write a pass's waiting reasons in one transaction, in the store writer when it is up.
-
-        One for the pass, not one per waiting job: a bulk submit of thousands would cost
-        thousands of fsyncs. Else off the event loop: waiting for the write lock, which a group
-        commit holds, would stall it.
-        """
-        writer = self._writer
-        if writer is not None and writer.ready():
-            self.store.reasons_written(await writer.write_reasons(reasons, current_fence()))
-        else:
-            await off_the_loop(self.store.set_reasons, reasons)
+                # one transaction for the pass, not one per waiting job: a bulk submit of
+                # thousands would otherwise cost thousands of fsyncs
+                await set_reasons(self.store, self._writer, reasons)
 
     def _place_new(self, now: datetime, active: windows.ActiveWindow) -> bool:
         """Weigh only the jobs queued since the last full pass; False: a full pass must.

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import api, policy, windows
+from jupyter_gpusched.core import api, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.models import (
@@ -28,7 +28,6 @@ from jupyter_gpusched.core.models import (
     JobState,
 )
 from jupyter_gpusched.core.privacy import Viewer
-from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import (
@@ -47,6 +46,7 @@ from .health import NO_NODE, NodeWatch
 from .history import GpuHistory
 from .increments import PassMemo, QueuePositions
 from .launching import Launcher
+from .limits import enforce_limits
 from .placing import Placing
 from .shapes import Shapes
 from .submits import GroupCommit
@@ -329,7 +329,7 @@ class Scheduler(JobActions, Placing):
                 await self.tracker.poll_active()
                 await self._refresh_inventory()  # a node its jobs were lost on shows down now
                 await self.tracker.reap_stale()
-                await self._enforce_limits(now, active)
+                await enforce_limits(self.store, self.tracker, now, active.window)
                 for hook in self.tick_hooks:
                     await hook(now)
             await asyncio.sleep(0)  # requests waiting meanwhile go first: a pass is long
@@ -404,30 +404,6 @@ class Scheduler(JobActions, Placing):
         if node_down is not None:
             return bool(node_down(name))
         return any(n.name == name and not n.up for n in self._inventory)
-
-    # ------------------------------------------------------------------ limits
-    async def _enforce_limits(self, now: datetime, active: windows.ActiveWindow) -> None:
-        jobs, _ = self.store.list_jobs(states=[JobState.RUNNING], limit=1_000_000)
-        stops = []
-        for job in jobs:
-            deadline = job.handle.get("deadline")
-            if deadline and now >= datetime.fromisoformat(deadline):
-                limit = job.handle.get("limit_s", 0)
-                stops.append(
-                    self.tracker.stop(
-                        job, "timeout", f"max runtime {format_duration_s(limit)} reached"
-                    )
-                )
-            elif job.spec.kind is JobKind.LEASE and policy.lease_idle_expired(
-                job, active.window, now
-            ):
-                idle = active.window.lease_idle_timeout_s or 0.0
-                stops.append(
-                    self.tracker.stop(
-                        job, "idle", f"lease idle for {format_duration_s(idle)}: reclaimed"
-                    )
-                )
-        await asyncio.gather(*stops)
 
     # ------------------------------------------------------------------ placing
     def _empty_state(self) -> packer.ClusterState:

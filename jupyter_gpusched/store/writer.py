@@ -38,8 +38,8 @@ from sqlalchemy.engine import make_url
 
 from jupyter_gpusched.core.errors import GpuSchedError, UnavailableError
 
-from .availability import for_the_loop
-from .leader import fenced
+from .availability import for_the_loop, off_the_loop
+from .leader import current_fence, fenced
 
 if TYPE_CHECKING:
     from .reasons import ReasonChange
@@ -173,6 +173,20 @@ class StoreWriter:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+async def set_reasons(
+    store: Store, writer: StoreWriter | None, reasons: Mapping[int, str | None]
+) -> None:
+    """:meth:`Store.set_reasons` in ``writer``'s child when it is up, else in a worker thread.
+
+    Never on the event loop: waiting for the write lock, which a group commit holds, would
+    stall every request.
+    """
+    if writer is not None and writer.ready():
+        store.reasons_written(await writer.write_reasons(reasons, current_fence()))
+    else:
+        await off_the_loop(store.set_reasons, reasons)
 
 
 def _frame(obj: object) -> bytes:
