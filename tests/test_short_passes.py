@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import random
-from datetime import timedelta
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,25 @@ async def busy_queue(h: Harness, waiting: int, used_s: float = 0.0) -> None:
     await h.drive()
 
 
+@contextlib.asynccontextmanager
+async def busy_lab(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    waiting: int,
+    start: datetime = SATURDAY_NIGHT,
+    used_s: float = 0.0,
+) -> AsyncIterator[tuple[Harness, Weighed]]:
+    """A scheduler at ``start`` with a :func:`busy_queue`, and what its passes weigh next."""
+    async with memory_scheduler(tmp_path, start=start) as h:
+        await busy_queue(h, waiting, used_s)
+        yield h, Weighed(h, monkeypatch)
+
+
 async def test_a_pass_after_a_submit_that_fits_nowhere_weighs_only_that_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=300)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=300) as (h, weighed):
         new = h.submit(gpus=8)
         await h.sched.tick(upkeep=False)
         assert weighed.jobs == [new.id]
@@ -92,9 +106,7 @@ async def test_a_pass_after_a_submit_that_fits_nowhere_weighs_only_that_job(
 async def test_a_long_full_pass_is_trusted_a_hundred_times_as_long_up_to_ten_seconds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=3) as (h, weighed):
         real = waiting.expected_starts
         for took_s, trusted_s in ((0.05, 5.0), (0.5, h.sched.full_pass_every_s)):
 
@@ -118,9 +130,7 @@ async def test_a_long_full_pass_is_trusted_a_hundred_times_as_long_up_to_ten_sec
 async def test_a_full_pass_runs_when_a_waiting_job_may_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=3) as (h, weighed):
         t0 = h.clock.now()
 
         def fits_in(seconds: float) -> int:
@@ -144,9 +154,7 @@ async def test_a_full_pass_runs_when_a_waiting_job_may_start(
 async def test_a_submitted_job_that_fits_gets_a_full_pass_and_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=3) as (h, weighed):
         small = h.submit(gpus=1, max_runtime_s=60)  # ends before the head could start
         await h.sched.tick(upkeep=False)
         assert weighed.full == 1
@@ -167,14 +175,13 @@ async def test_a_submitted_job_that_fits_gets_a_full_pass_and_starts(
 async def test_a_job_that_would_go_first_gets_a_full_pass(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    start: Any,
+    start: datetime,
     used_s: float,
     user: str,
     priority: str,
 ) -> None:
-    async with memory_scheduler(tmp_path, start=start) as h:
-        await busy_queue(h, waiting=3, used_s=used_s)
-        weighed = Weighed(h, monkeypatch)
+    lab = busy_lab(tmp_path, monkeypatch, waiting=3, start=start, used_s=used_s)
+    async with lab as (h, weighed):
         h.submit(user, gpus=8, priority=priority)
         await h.sched.tick(upkeep=False)
         assert weighed.full == 1
@@ -183,9 +190,7 @@ async def test_a_job_that_would_go_first_gets_a_full_pass(
 async def test_a_change_besides_submissions_asks_for_a_full_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=3) as (h, weighed):
         head = h.sched.list_jobs(states=[JobState.QUEUED], limit=1)[0][0]
         await h.sched.cancel(head.id, user="alice")
         await h.sched.tick(upkeep=False)
@@ -200,12 +205,10 @@ async def test_a_change_besides_submissions_asks_for_a_full_pass(
 
 @pytest.mark.parametrize("start", [SATURDAY_NIGHT, MONDAY_9AM], ids=["night", "day"])
 async def test_short_passes_leave_every_job_as_a_full_pass_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: datetime
 ) -> None:
     rng = random.Random(19)
-    async with memory_scheduler(tmp_path, start=start) as h:
-        await busy_queue(h, waiting=5)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=5, start=start) as (h, weighed):
         short = 0
         for _ in range(25):
             for _ in range(rng.randint(1, 4)):
@@ -236,9 +239,7 @@ async def test_a_group_committed_submit_wakes_a_short_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The REST path: the group commit wakes the loop once its jobs are written.
-    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:
-        await busy_queue(h, waiting=3)
-        weighed = Weighed(h, monkeypatch)
+    async with busy_lab(tmp_path, monkeypatch, waiting=3) as (h, weighed):
         spec = parse_spec({"kind": "script", "command": ["train"], "gpus": 8}, user="bob")
         job = await h.sched.submit_grouped(spec)
         await h.sched.tick(upkeep=False)
