@@ -26,14 +26,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _server import TOKEN, start_server
+from _server import FAR_FUTURE, TOKEN, start_server
 
 from jupyter_gpusched.client.api import GpuSchedClient
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.core.models import JobState, parse_spec
 from jupyter_gpusched.store.store import Store
-
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 def prefill(url: str, n: int) -> float:

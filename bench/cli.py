@@ -22,13 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _server import TOKEN, start_server
+from _server import FAR_FUTURE, TOKEN, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from jupyter_gpusched.client.api import GpuSchedClient  # noqa: E402
 
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 BIN = Path(sys.executable).parent
 
 

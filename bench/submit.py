@@ -40,14 +40,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _server import TOKEN, start_server
+from _server import FAR_FUTURE, TOKEN, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from jupyter_gpusched.client import transport  # noqa: E402
 from jupyter_gpusched.client.api import GpuSchedClient  # noqa: E402
 
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": FAR_FUTURE}
 #: A job that could start now: queued while every GPU is taken, it fits nowhere.
 BUSY = {"kind": "script", "command": ["true"], "gpus": 1}

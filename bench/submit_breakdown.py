@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _server import TOKEN, start_server
+from _server import FAR_FUTURE, TOKEN, start_server
 from _submit_variants import VARIANTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -47,7 +47,7 @@ from jupyter_gpusched.client import transport
 #: The real handler again, on a server whose submits commit in a thread, not a writer process.
 THREAD = "-in-thread"
 LABELS = (*VARIANTS, "real" + THREAD)
-SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": "2099-01-01T00:00:00+00:00"}
+SPEC = {"kind": "script", "command": ["true"], "gpus": 1, "not_before": FAR_FUTURE}
 
 
 def _stat(pid: int | str) -> list[str]:

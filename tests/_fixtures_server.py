@@ -22,6 +22,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from traitlets.config import Config
+
+#: A start time far enough ahead that the job never starts in a test, inside the servers'
+#: default not_before horizon (GpuSchedPolicy.max_not_before_s, a year).
+FAR_FUTURE = (datetime.now(UTC) + timedelta(days=300)).replace(microsecond=0).isoformat()
 
 OPENAPI = yaml.safe_load(
     resources.files("jupyter_gpusched.server").joinpath("openapi.yaml").read_text("utf-8")

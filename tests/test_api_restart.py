@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from _fixtures_polling import wait_for
+from _fixtures_server import FAR_FUTURE
 
 from jupyter_gpusched.client.api import GpuSchedClient
 from jupyter_gpusched.core.api import JobView
-
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 def wait_state(client: GpuSchedClient, job_id: int, *states: str, timeout_s: float = 30) -> JobView:

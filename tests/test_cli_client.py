@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 from _fixtures_polling import wait_for
+from _fixtures_server import FAR_FUTURE
 
 from jupyter_gpusched.cli import app as cli
 from jupyter_gpusched.cli.formats import format_cluster, format_queue
 from jupyter_gpusched.client.api import ApiError, GpuSchedClient, find_server
 from jupyter_gpusched.core.api import Cluster, EventMessage, JobView
-
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from _fixtures_polling import wait_for, wait_for_async
 from _fixtures_postgres import store_url
+from _fixtures_server import FAR_FUTURE
 from _fixtures_service import ServiceProcess
 from sqlalchemy import event
 
@@ -274,7 +275,7 @@ def test_kill_9_while_four_clients_submit_loses_no_acknowledged_job_and_leaves_n
             name = f"c{k}-{i}"
             i += 1
             body = {"kind": "script", "command": ["true"], "gpus": 1, "name": name}
-            body["not_before"] = "2099-01-01T00:00:00+00:00"
+            body["not_before"] = FAR_FUTURE
             try:
                 job = service.api("POST", "jobs", body, token=service.admin_token)
             except (OSError, urllib.error.HTTPError) as exc:  # the kill, then nobody there
@@ -314,7 +315,7 @@ def test_kill_9_while_four_clients_submit_loses_no_acknowledged_job_and_leaves_n
                 "kind": "script",
                 "command": ["true"],
                 "gpus": 1,
-                "not_before": "2099-01-01T00:00:00+00:00",
+                "not_before": FAR_FUTURE,
             },
             token=service.admin_token,
         )

@@ -52,7 +52,7 @@ from jupyter_gpusched.core.errors import (
     NotFoundError,
     UnavailableError,
 )
-from jupyter_gpusched.core.models import Job, JobSpec
+from jupyter_gpusched.core.models import Job, JobSpec, stored_spec
 from jupyter_gpusched.core.schedules import cron_words
 from jupyter_gpusched.store.orm import DefinitionRow, DefinitionRunRow, EventRow
 from jupyter_gpusched.store.rows import add_event_row, add_job_row
@@ -377,7 +377,7 @@ class Definitions:
         caught_up: bool,
     ) -> int:
         """Queue the firing's job in the claiming transaction."""
-        spec = JobSpec.model_validate(spec_json)
+        spec = stored_spec(spec_json)
         labels = {**spec.labels, "definition_id": str(def_id), "fire_at": fire_at.isoformat()}
         if caught_up:
             labels["caught_up"] = "true"
@@ -417,7 +417,7 @@ def _definition(row: DefinitionRow, runs: list[DefinitionRun]) -> Definition:
         timezone=row.timezone,
         catch_up=row.catch_up,
         paused=row.paused,
-        spec=JobSpec.model_validate(row.spec),
+        spec=stored_spec(row.spec),
         next_fire_at=row.next_fire_at,
         last_fired_at=row.last_fired_at,
         last_job_id=row.last_job_id,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import posixpath
 import tempfile
@@ -56,6 +57,9 @@ from .requests import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Longest pause before a failed notebook job runs again, however many retries came before.
+MAX_RETRY_PAUSE_S = 7 * 86400.0
 
 
 def _node_python(backend: Any, node: str | None) -> str:
@@ -300,7 +304,7 @@ class NotebookPlugin:
         tries = int(spec.labels.get("retry", "0"))
         if tries >= spec.retries:
             return
-        backoff_s = float(spec.labels.get(BACKOFF_LABEL, DEFAULT_BACKOFF_S)) * 2**tries
+        backoff_s = retry_pause_s(spec.labels.get(BACKOFF_LABEL), tries)
         labels = dict(spec.labels)
         labels.update(retry_of=spec.labels.get("retry_of", str(job.id)), retry=str(tries + 1))
         when = self.scheduler.clock.now() + timedelta(seconds=backoff_s)
@@ -317,6 +321,21 @@ class NotebookPlugin:
                     "not_before": when.isoformat(),
                 },
             )
+
+
+def retry_pause_s(first_s: str | None, tries: int) -> float:
+    """The pause before retry ``tries + 1``: the first pause doubled each time, a week at most.
+
+    ``first_s`` is the job's label as stored; one that is not a finite number of seconds (a
+    job stored before the bounds) counts as the default.
+    """
+    try:
+        first = float(first_s) if first_s is not None else DEFAULT_BACKOFF_S
+    except ValueError:
+        first = DEFAULT_BACKOFF_S
+    if not math.isfinite(first) or first < 0:
+        first = DEFAULT_BACKOFF_S
+    return min(MAX_RETRY_PAUSE_S, first * 2.0 ** min(tries, 64))
 
 
 def _free_name(folder: str, base: str) -> str:

@@ -210,6 +210,7 @@ def build_submission(
             "name": request.name or posixpath.basename(rel),
             "not_before": not_before,
         },
+        bounds=config.spec_bounds(now),
         user=user,
     )
     return Submission(spec, schedule, tz_name, request.catch_up, request.paused, request.name)

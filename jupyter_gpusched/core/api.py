@@ -28,6 +28,7 @@ from pydantic import (
 
 from .errors import InvalidSpecError
 from .models import (
+    MAX_RUNTIME_S,
     Job,
     JobKind,
     JobRecord,
@@ -35,6 +36,7 @@ from .models import (
     JobSpec,
     JobState,
     JobSubmission,
+    PathText,
     PriorityClass,
     invalid_field,
 )
@@ -50,6 +52,8 @@ MAX_OFFSET = 2**53
 MAX_ID = 2**63 - 1
 #: Most jobs one ``POST jobs`` creates (an array's N, or a list's length).
 MAX_ARRAY = 10_000
+#: Longest first pause before a failed notebook job is submitted again (doubling each retry).
+MAX_RETRY_BACKOFF_S = 86400.0
 
 #: GPU states every client shows, in the order of the legend.
 GpuState = Literal["free", "interactive", "batch", "foreign", "down"]
@@ -369,7 +373,7 @@ class FileUpload(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="relative path the file is staged at, e.g. 'data/x.csv'")
+    name: PathText = Field(description="relative path the file is staged at, e.g. 'data/x.csv'")
     content_base64: str = Field(description="the file's bytes, base64-encoded")
     mode: int = Field(0o600, ge=0, le=0o7777, description="Unix mode bits (the owner's are kept)")
 
@@ -402,7 +406,7 @@ class JobPostList(RootModel[list[JobPost]]):
 class NotebookSubmission(JobRequirements):
     """``POST notebooks`` (and ``POST definitions``): a notebook to run, with when and how."""
 
-    notebook: str = Field(description="path under the server root (or absolute inside it)")
+    notebook: PathText = Field(description="path under the server root (or absolute inside it)")
     content: dict[str, Any] | None = Field(
         None,
         description="the notebook itself (nbformat JSON), kept by the lab-wide service under "
@@ -413,11 +417,17 @@ class NotebookSubmission(JobRequirements):
     timezone: str | None = Field(None, description="of the cron / a naive ISO time")
     catch_up: CatchUp = Field("skip", description="after downtime: skip missed firings, or once")
     paused: bool = Field(False, description="store a definition paused")
-    cell_timeout_s: float | None = Field(None, gt=0, description="stop a cell after this long")
-    retry_backoff_s: float = Field(
-        60.0, ge=0, description="a failed run with retries is submitted again after this x 2^n"
+    cell_timeout_s: float | None = Field(
+        None, gt=0, le=MAX_RUNTIME_S, description="stop a cell after this long, in seconds"
     )
-    cwd: str | None = Field(None, description="working directory of the kernel on the node")
+    retry_backoff_s: float = Field(
+        60.0,
+        ge=0,
+        le=MAX_RETRY_BACKOFF_S,
+        description="a failed run with retries is submitted again after this x 2^n seconds "
+        "(each pause at most a week)",
+    )
+    cwd: PathText | None = Field(None, description="working directory of the kernel on the node")
 
 
 class DefinitionRun(Body):

@@ -6,24 +6,28 @@ Pydantic models apart from database rows; the store maps rows to these.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from .errors import IllegalTransitionError, InvalidSpecError
-from .units import format_size_bytes
+from .units import format_duration_s, format_size_bytes
 
 # Limits on what a job may carry. The command and environment end up in an exec on the node,
 # where Linux refuses any one string past MAX_ARG_STRLEN (128 KiB with its NUL) and all of
@@ -39,7 +43,71 @@ MAX_PARAMETERS_BYTES = 64 * 1024
 MAX_PATH = 4096
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 128, 1024
 MAX_FILES = 1000
-PathText = Annotated[str, StringConstraints(max_length=MAX_PATH)]
+
+# Times and durations a job may carry. Every one ends up in date arithmetic in the scheduler's
+# pass (deadlines, expected starts, backfill), where an absurd value (3e11 s, year 9999)
+# overflows; so each has a finite ceiling here, and a server may set a lower one
+# (:class:`SpecBounds`, from ``GpuSchedPolicy.max_runtime_s`` / ``max_not_before_s``).
+#: Longest runtime a job may declare, in seconds, whatever the server's configuration: a year.
+MAX_RUNTIME_S = 366 * 86400.0
+#: Furthest ahead a job's ``not_before`` may lie, in seconds, whatever the configuration.
+MAX_NOT_BEFORE_S = 10 * 366 * 86400.0
+#: Earliest and latest ``not_before`` a job may carry without a server's ``now`` to judge by.
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+#: Validation context for specs read back from the store: kept as stored, even where bounds
+#: have tightened since (a job stored under looser ones must still load, show and cancel).
+STORED = {"stored": True}
+
+#: Control characters: C0 (but tab, newline and carriage return), DEL and C1. A NUL cannot
+#: cross an exec at all; the others are refused where people read the text (names, labels,
+#: paths), so nobody's queue view can be rewritten by escape sequences in someone's job.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_OR_BREAK = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True)
+class SpecBounds:
+    """Bounds a server puts on what a job may ask for, below the hard ceilings above.
+
+    Passed as the validation context ``{"bounds": SpecBounds(...)}`` (:func:`parse_spec`);
+    without one, the ceilings hold and ``not_before`` is only checked against fixed dates.
+    """
+
+    # Longest declared runtime, seconds (``GpuSchedPolicy.max_runtime_s``).
+    max_runtime_s: float = MAX_RUNTIME_S
+    # Furthest ahead of ``now`` a start may be asked for, seconds.
+    max_not_before_s: float = MAX_NOT_BEFORE_S
+    # The server's current time (UTC); None: check ``not_before`` against fixed dates only.
+    now: datetime | None = None
+    # Where each bound is configured, for the message that names it.
+    runtime_source: str = "the longest runtime any job may declare"
+    not_before_source: str = "the furthest ahead any job may start"
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Whether this validation reads back what the store kept (see :data:`STORED`)."""
+    return bool((info.context or {}).get("stored"))
+
+
+def _bounds(info: ValidationInfo) -> SpecBounds | None:
+    """The bounds of this validation; None for a spec read back from the store."""
+    if _stored(info):
+        return None
+    bounds = (info.context or {}).get("bounds")
+    return bounds if isinstance(bounds, SpecBounds) else SpecBounds()
+
+
+def _no_control(text: str, info: ValidationInfo) -> str:
+    """Refuse control characters in text people read (names, labels, paths)."""
+    if (bad := _CONTROL_OR_BREAK.search(text)) is not None and not _stored(info):
+        raise ValueError(f"contains the control character {bad.group()!r}; remove it")
+    return text
+
+
+#: A name, label, model or path: printable text only.
+Text = Annotated[str, AfterValidator(_no_control)]
+PathText = Annotated[str, StringConstraints(max_length=MAX_PATH), AfterValidator(_no_control)]
 
 
 class JobKind(StrEnum):
@@ -116,11 +184,11 @@ class JobRequirements(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
 
-    name: str | None = Field(None, max_length=200, description="free-form display name")
+    name: Text | None = Field(None, max_length=200, description="free-form display name")
     parameters: dict[str, Any] = Field(
         default_factory=dict, description="papermill-style parameters of a notebook job"
     )
-    kernel_name: str | None = Field(None, max_length=200, description="kernel of a notebook job")
+    kernel_name: Text | None = Field(None, max_length=200, description="kernel of a notebook job")
     gpus: int = Field(1, ge=0, le=64, description="number of GPUs, all on one node")
     gpu_mem_gb: float | None = Field(
         None, gt=0, le=1024, description="GPU memory needed on each GPU, in GB"
@@ -130,7 +198,7 @@ class JobRequirements(BaseModel):
     )
     cpus: float = Field(1.0, gt=0, le=1024, description="CPU cores")
     mem_gb: float = Field(4.0, gt=0, le=16384, description="host memory in GB")
-    gpu_models: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+    gpu_models: list[Annotated[Text, StringConstraints(max_length=64)]] = Field(
         default_factory=list,
         max_length=16,
         description="allowed GPU models, e.g. ['A100']; empty = any",
@@ -138,10 +206,16 @@ class JobRequirements(BaseModel):
     priority: PriorityClass | None = Field(
         None, description="interactive or batch; default: interactive for leases, else batch"
     )
-    max_runtime_s: float | None = Field(None, gt=0, description="kill the job after this long")
+    max_runtime_s: float | None = Field(
+        None,
+        gt=0,
+        description=f"kill the job after this long, in seconds; at most the server's "
+        f"GpuSchedPolicy.max_runtime_s (never more than {MAX_RUNTIME_S:.0f}, a year)",
+        json_schema_extra={"maximum": MAX_RUNTIME_S},
+    )
     labels: dict[
-        Annotated[str, StringConstraints(max_length=MAX_LABEL_KEY)],
-        Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)],
+        Annotated[Text, StringConstraints(max_length=MAX_LABEL_KEY)],
+        Annotated[Text, StringConstraints(max_length=MAX_LABEL_VALUE)],
     ] = Field(default_factory=dict, max_length=MAX_LABELS, description="free-form tags")
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -150,13 +224,26 @@ class JobRequirements(BaseModel):
     )
     retries: int = Field(0, ge=0, le=100, description="requeue this many times if lost")
 
+    @field_validator("max_runtime_s")
+    @classmethod
+    def _runtime_bound(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None or (bounds := _bounds(info)) is None:
+            return v
+        if not math.isfinite(v) or v > bounds.max_runtime_s:
+            raise ValueError(
+                f"must be at most {bounds.max_runtime_s:.0f} seconds "
+                f"({format_duration_s(bounds.max_runtime_s)}, {bounds.runtime_source}), "
+                f"not {v!r}"
+            )
+        return v
+
     @field_validator("env")
     @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for key in v:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-        _check_strings((f"{k}={x}" for k, x in v.items()), "variable")
+        _check_strings((f"{k}={x}" for k, x in v.items()), "variable", _stored(info))
         return v
 
     @field_validator("parameters")
@@ -190,23 +277,41 @@ class JobSubmission(JobRequirements):
     files: list[PathText] = Field(
         default_factory=list, max_length=MAX_FILES, description="files to stage onto the node"
     )
-    lease_name: str | None = Field(None, max_length=200, description="name of a lease")
+    lease_name: Text | None = Field(None, max_length=200, description="name of a lease")
 
     @field_validator("command")
     @classmethod
-    def _command_nonempty(cls, v: list[str] | None) -> list[str] | None:
+    def _command_nonempty(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         if v is not None and (not v or not all(isinstance(a, str) for a in v) or not v[0]):
             raise ValueError("must be a non-empty list of strings, e.g. ['python', 'train.py']")
         if v is not None:
-            _check_strings(v, "argument")
+            _check_strings(v, "argument", _stored(info))
         return v
 
     @field_validator("not_before")
     @classmethod
-    def _aware(cls, v: datetime | None) -> datetime | None:
-        if v is not None and v.tzinfo is None:
+    def _aware(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
+        if v is None:
+            return None
+        if v.tzinfo is None:
             raise ValueError("needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
-        return v.astimezone(UTC) if v is not None else None
+        given = v
+        try:
+            v = v.astimezone(UTC)
+        except OverflowError:  # year 9999 at a negative offset is past what a date holds
+            v = _LATEST + timedelta(days=1)
+        if (bounds := _bounds(info)) is None:
+            return v
+        latest = _LATEST
+        if bounds.now is not None:
+            latest = min(latest, bounds.now + timedelta(seconds=bounds.max_not_before_s))
+        if not _EARLIEST <= v <= latest:
+            ahead = format_duration_s(bounds.max_not_before_s)
+            raise ValueError(
+                f"must lie between {_EARLIEST:%Y-%m-%d} and {latest:%Y-%m-%d %H:%M} UTC "
+                f"(at most {ahead} ahead, {bounds.not_before_source}), not {given.isoformat()}"
+            )
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSubmission:
@@ -260,6 +365,9 @@ class JobSpec(JobSubmission):
 #: Labels and environment variables that tie the tasks of one array (bulk submit) together.
 ARRAY_ID_LABEL, ARRAY_INDEX_LABEL = "array_id", "array_index"
 ARRAY_ID_ENV, ARRAY_INDEX_ENV = "GPUSCHED_ARRAY_ID", "GPUSCHED_ARRAY_INDEX"
+#: The reason of the tasks of a big array while the rest of it is still being written: they
+#: are held until the last is in, so that none starts unless all were queued.
+ARRAY_BEING_QUEUED = "waiting: the rest of its array is being queued"
 
 
 def array_task(spec: JobSpec, array_id: int, index: int) -> JobSpec:
@@ -280,9 +388,18 @@ def array_of(spec: JobSpec) -> tuple[int, int] | None:
     return int(aid), int(index)
 
 
-def _check_strings(strings: Iterable[str], what: str) -> None:
-    """Refuse any one string the node's exec would refuse (Linux's MAX_ARG_STRLEN)."""
+def _check_strings(strings: Iterable[str], what: str, stored: bool = False) -> None:
+    """Refuse any one string the node's exec would refuse (Linux's MAX_ARG_STRLEN, a NUL).
+
+    Control characters other than tab and line breaks are refused too: nothing typed means
+    them, and they would rewrite the terminal of whoever lists the job.
+    """
     for i, text in enumerate(strings):
+        if not stored and (bad := _CONTROL.search(text)) is not None:
+            raise ValueError(
+                f"{what} {i} contains the control character {bad.group()!r}; "
+                "remove it (a NUL cannot be passed to a program at all)"
+            )
         size = len(text.encode())
         if size > MAX_ARG_BYTES:
             raise ValueError(
@@ -299,17 +416,25 @@ class _FieldError(ValueError):
         self.message = message
 
 
-def parse_spec(data: dict[str, Any], **overrides: Any) -> JobSpec:
+def parse_spec(
+    data: dict[str, Any], *, bounds: SpecBounds | None = None, **overrides: Any
+) -> JobSpec:
     """Build a :class:`JobSpec` from JSON-like data, raising :class:`InvalidSpecError`.
 
     The error names the first bad field and says what to fix, e.g. ``gpus: must be >= 0``.
+    ``bounds``: the server's own bounds (default: the hard ceilings only).
     """
     if not isinstance(data, dict):
         raise InvalidSpecError("body", "must be a JSON object describing the job")
     try:
-        return JobSpec.model_validate({**data, **overrides})
+        return JobSpec.model_validate({**data, **overrides}, context={"bounds": bounds})
     except ValidationError as exc:
         raise invalid_field(exc) from None
+
+
+def stored_spec(data: Any) -> JobSpec:
+    """A spec as the store kept it: checked, but not against bounds that may have tightened."""
+    return JobSpec.model_validate(data, context=STORED)
 
 
 def invalid_field(exc: ValidationError) -> InvalidSpecError:

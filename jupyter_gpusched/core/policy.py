@@ -15,7 +15,7 @@ from datetime import datetime, time
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
-from .models import Job, JobState, PriorityClass
+from .models import ARRAY_BEING_QUEUED, Job, JobState, PriorityClass
 from .units import format_duration_s
 from .windows import PolicyConfig, Quota, Window, _aware, _num, local_boundary
 
@@ -130,7 +130,7 @@ def order_queue(
         if job.state is not JobState.QUEUED:
             skipped[job.id] = f"not queued ({job.state.value})"
         elif job.held:
-            skipped[job.id] = "waiting: held by its owner"
+            skipped[job.id] = held_reason(job)
         elif job.spec.not_before is not None and job.spec.not_before > now:
             at = job.spec.not_before
             if (when := shown.get(at)) is None:
@@ -141,6 +141,20 @@ def order_queue(
     # keys are unique (the id is in them): jobs themselves are never compared
     keyed = sorted((order_key(job, usage, window), job) for job in eligible)
     return QueueOrder([job for _, job in keyed], skipped, [key for key, _ in keyed])
+
+
+def held_reason(job: Job) -> str:
+    """Why a held job waits: held by its owner, by the scheduler, or for the rest of its array.
+
+    The scheduler holds a job its pass failed on; a big array's tasks are held while the rest
+    of it is still being written.
+    """
+    fault = job.handle.get("fault")
+    if isinstance(fault, dict) and fault.get("holding") and job.reason:
+        return job.reason
+    if job.reason == ARRAY_BEING_QUEUED:
+        return job.reason
+    return "waiting: held by its owner"
 
 
 @dataclass(frozen=True)
@@ -237,7 +251,7 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
     w, now, gpus = ctx.window, _aware(ctx.now), job_gpus(job)
     tz = ZoneInfo(ctx.timezone)
     if job.held:
-        return Admission(False, "waiting: held by its owner", blocked_by="held")
+        return Admission(False, held_reason(job), blocked_by="held")
     if job.spec.not_before is not None and job.spec.not_before > now:
         when = _local_time(job.spec.not_before, now, tz)
         return Admission(False, f"waiting: not before {when}", blocked_by="not_before")
@@ -314,6 +328,11 @@ def lease_idle_expired(lease: Job, window: Window, now: datetime) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Times in reasons
+
+
+def not_before_reason(at: datetime, now: datetime, timezone_name: str) -> str:
+    """What a job waiting for its ``not_before`` is told: ``waiting: not before 22:00``."""
+    return f"waiting: not before {_local_time(at, _aware(now), ZoneInfo(timezone_name))}"
 
 
 def _local_time(at: datetime, now: datetime, tz: ZoneInfo) -> str:

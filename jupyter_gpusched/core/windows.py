@@ -35,6 +35,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from . import api
+from .models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S, SpecBounds
 from .units import format_duration_s
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -148,6 +149,10 @@ class PolicyConfig:
     default_runtime_s: float = 4 * 3600.0
     # Percentile of a user's past runtimes used as the estimate (0-100).
     runtime_percentile: float = 90.0
+    # Longest runtime a job may declare, seconds (submissions past it are refused).
+    max_runtime_s: float = 30 * 86400.0
+    # Furthest ahead a job may ask to start, seconds (submissions past it are refused).
+    max_not_before_s: float = 366 * 86400.0
 
     def __post_init__(self) -> None:
         try:
@@ -165,6 +170,12 @@ class PolicyConfig:
             raise ValueError(f"fairshare_half_life_s {self.fairshare_half_life_s!r} must be > 0")
         if not 0 <= self.runtime_percentile <= 100:
             raise ValueError(f"runtime_percentile {self.runtime_percentile!r} must be 0-100")
+        if not 0 < self.max_runtime_s <= MAX_RUNTIME_S:
+            raise ValueError(f"max_runtime_s {self.max_runtime_s!r} must be in (0, a year]")
+        if not 0 < self.max_not_before_s <= MAX_NOT_BEFORE_S:
+            raise ValueError(
+                f"max_not_before_s {self.max_not_before_s!r} must be in (0, ten years]"
+            )
 
     @property
     def tz(self) -> ZoneInfo:
@@ -174,6 +185,16 @@ class PolicyConfig:
     def quota_for(self, user: str) -> Quota:
         """The quota that applies to ``user``."""
         return self.quotas.get(user, self.default_quota)
+
+    def spec_bounds(self, now: datetime) -> SpecBounds:
+        """What a job submitted at ``now`` may ask for (see :func:`~.models.parse_spec`)."""
+        return SpecBounds(
+            max_runtime_s=self.max_runtime_s,
+            max_not_before_s=self.max_not_before_s,
+            now=now,
+            runtime_source="GpuSchedPolicy.max_runtime_s",
+            not_before_source="GpuSchedPolicy.max_not_before_s",
+        )
 
 
 # --------------------------------------------------------------------------------------------

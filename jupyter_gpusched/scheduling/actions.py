@@ -9,31 +9,42 @@ costs a dictionary lookup and one commit, whatever the queue holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import api
+from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, ForbiddenError, InfeasibleError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
+    ARRAY_BEING_QUEUED,
     TERMINAL_STATES,
     Job,
     JobKind,
     JobSpec,
     JobState,
     PriorityClass,
+    array_task,
 )
 from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
+from jupyter_gpusched.store.availability import off_the_loop
+from jupyter_gpusched.store.reasons import FAULT
 from jupyter_gpusched.store.store import Store
 
 from .increments import QueuePositions
+from .placing import SOON
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
+
+#: Tasks of an array written in one transaction; a bigger array takes several.
+BULK_CHUNK = 500
+#: A big array none of whose tasks was written for this long was cut off (a killed server).
+CUT_ARRAY_AFTER_S = 600.0
 
 
 class JobActions:
@@ -43,6 +54,7 @@ class JobActions:
     store: Store
     backend: Backend
     clock: Clock
+    policy: windows.PolicyConfig
     tracker: JobTracker
     admins: frozenset[str]
     cancel_grace_s: float
@@ -87,6 +99,69 @@ class JobActions:
         Each is admitted as :meth:`submit` admits one; the first refusal refuses them all,
         naming the job by its 0-based index. The copies of an array's spec are judged once.
         """
+        self._admit_all(specs)
+        jobs = self.store.add_jobs(specs, array=array)
+        self.wake_for_new()
+        return jobs
+
+    async def submit_bulk(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Queue several jobs as one array, all or none, without holding up anyone else.
+
+        Admitted as :meth:`submit_many` admits them. Up to :data:`BULK_CHUNK` are one
+        transaction; a bigger array is written :data:`BULK_CHUNK` tasks a transaction, off the
+        event loop, so others' requests and commits go between its chunks. Its tasks are held
+        while it is written and released in one statement at the end: none starts unless all
+        were queued. If the submit fails, the tasks written so far are cancelled (a server
+        killed meanwhile leaves them held; :meth:`cancel_cut_arrays` cancels them later).
+        """
+        self._admit_all(specs)
+        if len(specs) <= BULK_CHUNK:
+            jobs = await off_the_loop(self.store.add_jobs, specs, array=True)
+            self.wake_for_new()
+            return jobs
+        head = await off_the_loop(self.store.add_array_head, specs[0])
+        jobs = [head]
+        try:
+            for start in range(1, len(specs), BULK_CHUNK):
+                chunk = [
+                    array_task(spec, head.id, start + i)
+                    for i, spec in enumerate(specs[start : start + BULK_CHUNK])
+                ]
+                jobs += await self._group.write_held(chunk, ARRAY_BEING_QUEUED)
+            reason = self._far_reason(specs)
+            await off_the_loop(self.store.release_array, head.id, jobs, reason)
+        except BaseException as exc:
+            why = f"its bulk submit failed ({type(exc).__name__}); none of it ran: submit it again"
+            with contextlib.suppress(Exception):  # the store is away: a later pass does it
+                await off_the_loop(self.store.cancel_unfinished_arrays, why, array_id=head.id)
+            raise
+        self.wake()  # a full pass weighs them all
+        return [job.model_copy(update={"held": False, "reason": reason}) for job in jobs]
+
+    def _far_reason(self, specs: Sequence[JobSpec]) -> str | None:
+        """The waiting reason of an array's tasks all waiting for one far ``not_before``.
+
+        Released with it, they are never weighed by a pass until their time comes near
+        (:meth:`~jupyter_gpusched.store.store.Store.queued_for_pass`); else None.
+        """
+        at = specs[0].not_before
+        now = self.clock.now()
+        if at is None or at <= now + SOON or any(s.not_before != at for s in specs):
+            return None
+        return policy.not_before_reason(at, now, self.policy.timezone)
+
+    def cancel_cut_arrays(self) -> int:
+        """Cancel the tasks of big arrays whose submit was cut off (a killed server); how many.
+
+        Only arrays nobody has written to for :data:`CUT_ARRAY_AFTER_S`: another server may be
+        writing one right now.
+        """
+        before = self.clock.now() - timedelta(seconds=CUT_ARRAY_AFTER_S)
+        why = "its bulk submit was cut off before all of it was queued; none of it ran"
+        return self.store.cancel_unfinished_arrays(why, before=before)
+
+    def _admit_all(self, specs: Sequence[JobSpec]) -> None:
+        """:meth:`_admit` each job; the first refusal names the job by its 0-based index."""
         for i, spec in enumerate(specs):
             if i and spec is specs[i - 1]:
                 continue
@@ -94,9 +169,6 @@ class JobActions:
                 self._admit(spec)
             except InfeasibleError as exc:
                 raise InfeasibleError(f"job {i} of {len(specs)}: {exc.message}") from None
-        jobs = self.store.add_jobs(specs, array=array)
-        self.wake_for_new()
-        return jobs
 
     def _admit(self, spec: JobSpec) -> None:
         self.check_feasible(spec)
@@ -139,7 +211,11 @@ class JobActions:
         """
         if job.state is not JobState.QUEUED:
             return api.JobView.of(job, viewer=viewer)
-        return api.JobView.of(job, self._positions.get(job.id), viewer, self._estimates.get(job.id))
+        if job.id in self._estimates:
+            expected = self._estimates[job.id]
+        else:  # a job waiting for a far not_before, which passes do not weigh: then at best
+            expected = None if job.held else job.spec.not_before
+        return api.JobView.of(job, self._positions.get(job.id), viewer, expected)
 
     def _check_owner(self, job: Job, user: str, admin: bool) -> None:
         if user != job.user and not admin and user not in self.admins:
@@ -206,6 +282,13 @@ class JobActions:
             fields["spec"] = job.spec.model_copy(update={"priority": priority})
         if held is not None:
             fields["held"] = held
+            if held and job.state is JobState.QUEUED:
+                # said now: passes do not weigh held jobs (released ones they weigh again)
+                fields["reason"] = "waiting: held by its owner"
+            fault = job.handle.get(FAULT)
+            if isinstance(fault, dict) and fault.get("holding"):
+                # held or released by a person now: the scheduler's hold (and reason) is over
+                fields["handle"] = {**job.handle, FAULT: {**fault, "holding": False}}
         if not fields:
             return job
         job = self.store.update_job(job_id, **fields)

@@ -9,6 +9,7 @@ jobs to open a whole node for a big job by night.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
@@ -32,12 +33,17 @@ from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.store import Store
 from jupyter_gpusched.store.writer import StoreWriter, set_reasons
 
-from . import health, moves, waiting
+from . import faults, health, moves, waiting
 from .increments import PassMemo, QueuePositions, active_marks
 from .launching import Launcher
 from .shapes import Shapes
 from .tracking import JobTracker
 
+log = logging.getLogger(__name__)
+
+#: Jobs held, or waiting for a not_before further ahead than this, are not weighed by full
+#: passes once they have their reason (a day: the time in it is written with its date then).
+SOON = timedelta(days=1)
 #: A queue this long (at the last pass) is read in a worker thread.
 _LONG_QUEUE = 500
 #: Days of usage fair share weighs (older usage has decayed to little at the default half-life).
@@ -91,7 +97,7 @@ class Placing:
         full, self._need_full = self._need_full, False
         self._reasons = {}
         try:
-            if full or not self._place_new(now, active):
+            if full or not self._short_pass(now, active):
                 self._reasons = {}
                 await self._place_queue(now, active)
         finally:
@@ -100,6 +106,16 @@ class Placing:
                 # one transaction for the pass, not one per waiting job: a bulk submit of
                 # thousands would otherwise cost thousands of fsyncs
                 await set_reasons(self.store, self._writer, reasons)
+
+    def _short_pass(self, now: datetime, active: windows.ActiveWindow) -> bool:
+        """:meth:`_place_new`, or False (a full pass) when it fails: the full one isolates jobs."""
+        try:
+            return self._place_new(now, active)
+        except faults.NOT_THE_JOBS:
+            raise
+        except Exception:
+            log.exception("gpusched: the short pass failed; weighing the whole queue")
+            return False
 
     def _place_new(self, now: datetime, active: windows.ActiveWindow) -> bool:
         """Weigh only the jobs queued since the last full pass; False: a full pass must.
@@ -165,8 +181,8 @@ class Placing:
         # pass only reads the jobs (every change goes through the store), so nothing is copied.
         self._memo = None
         began = self.clock.monotonic()
-        read = partial(self.store.list_jobs, states=[JobState.QUEUED], limit=None, shared=True)
-        queued, _ = await off_the_loop(read) if self._queue_was >= _LONG_QUEUE else read()
+        read = partial(self.store.queued_for_pass, now + SOON, shared=True)
+        queued = await off_the_loop(read) if self._queue_was >= _LONG_QUEUE else read()
         self._queue_was = len(queued)
         if not queued:
             self._positions, self._estimates = QueuePositions(), {}
@@ -175,7 +191,9 @@ class Placing:
         state, _ = self._cluster_state(running)
         stretches = self.store.usage_stretches(since=now - timedelta(days=FAIR_SHARE_DAYS))
         usage, hours_today = self._usage_tally.totals(stretches, self.policy, now)
-        order = policy.order_queue(queued, usage, now, active.window)
+        order = faults.sift(
+            queued, lambda jobs: policy.order_queue(jobs, usage, now, active.window), self._fault
+        )
         by_id = {job.id: job for job in queued}
         claims = _kept_nodes(queued, now)
         self._shapes.begin_pass()
@@ -204,90 +222,101 @@ class Placing:
         # a move): then read again. A pass that placed nothing reads them once.
         current: Sequence[Job] | None = running
         for key, job in zip(order.keys, order.jobs, strict=True):
-            waits.append(job)
-            retry_at = job.handle.get("retry_launch_at")
-            if retry_at and now < datetime.fromisoformat(retry_at):
-                floors[job.id] = datetime.fromisoformat(retry_at)
-                continue  # its node refused it a moment ago; its reason says when it retries
-            shape = self._shapes.of(job)
-            admit_key = (job.user, job.held, shape.admit_key)
-            admission = admitted.get(admit_key)
-            if admission is None:
-                admission = admitted[admit_key] = policy.admit(job, ctx)
-            if not admission.ok:
-                self._set_reason(job, admission.reason)
-                if admission.blocked_by == "window" and active.until is not None:
-                    floors[job.id] = active.until
-                elif admission.blocked_by is not None:
-                    waits.pop()  # held or over quota: no start to expect
-                continue
-            request = shape.request
-            claimed = (
-                frozenset(n for n, owner in claims.items() if owner != job.id)
-                if claims
-                else _NO_CLAIMS
-            )
-            fit_key = (shape.key, claimed)
-            reply = no_fit.get(fit_key) or packer.pack(
-                state, request, policy=self.packer_policy, exclude=claimed
-            )
-            if reply.node is None:
-                no_fit[fit_key] = reply
-            # only a job that fits somewhere needs it (the backfill's check, the head's spare)
-            estimate = self._estimate(job) if head is not None and reply.node is not None else 0.0
-            if head is not None and reply.node is not None:
-                fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
-                if not fits.ok:
-                    # Where the packer wanted it the job would delay the head: another node
-                    # never does, so try those before leaving it waiting.
-                    reply = packer.pack(
-                        state,
-                        request,
-                        policy=self.packer_policy,
-                        exclude={*claimed, *([head.node] if head.node else [])},
-                    )
-                    if reply.node is None:
-                        self._set_reason(job, fits.reason)
-                        continue
-            if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
-                if active.window.preempt_batch and await self._preempt_for(job, state, current):
-                    current = None
-                    self._set_reason(job, "waiting: batch jobs are being preempted for it")
+            try:
+                waits.append(job)
+                retry_at = job.handle.get("retry_launch_at")
+                if retry_at and now < datetime.fromisoformat(retry_at):
+                    floors[job.id] = datetime.fromisoformat(retry_at)
+                    continue  # its node refused it a moment ago; its reason says when it retries
+                shape = self._shapes.of(job)
+                admit_key = (job.user, job.held, shape.admit_key)
+                admission = admitted.get(admit_key)
+                if admission is None:
+                    admission = admitted[admit_key] = policy.admit(job, ctx)
+                if not admission.ok:
+                    self._set_reason(job, admission.reason)
+                    if admission.blocked_by == "window" and active.until is not None:
+                        floors[job.id] = active.until
+                    elif admission.blocked_by is not None:
+                        waits.pop()  # held or over quota: no start to expect
                     continue
-            if reply.node is None:
-                mine = [n for n, owner in claims.items() if owner == job.id]
-                if mine:  # batch jobs are moving off its node: keep it for this job
-                    self._set_reason(job, f"waiting: batch jobs are moving off {mine[0]} for it")
-                    head = head or backfill.Reservation(now, mine[0], 0.0)
-                    continue
-                if fit_key not in no_room_why:
-                    why = waiting.no_room(reply.reason, job.spec, state, self._inventory)
-                    no_room_why[fit_key] = why
-                self._set_reason(job, no_room_why[fit_key])
-                if head is None:
-                    head, head_key = self._reserved_start(job, now, state, current), key
-                    batch = job.spec.priority_class is PriorityClass.BATCH
-                    if batch and active.window.migrate_batch:
-                        node = await self._migrate_for(job, state, head, active.window, current)
-                        if node is not None:
-                            current = None
-                            claims[node] = job.id
-                            head = backfill.Reservation(now, node, 0.0)
-                continue
-            if head is not None:
-                ends = now + timedelta(seconds=estimate)
-                head = backfill.consume_spare(
-                    head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
+                request = shape.request
+                claimed = (
+                    frozenset(n for n, owner in claims.items() if owner != job.id)
+                    if claims
+                    else _NO_CLAIMS
                 )
-            waits.pop()
-            state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
-            admitted.clear()
-            no_fit.clear()
-            no_room_why.clear()
-            ctx = policy.add_to_context(ctx, job)
-            current = None
-            self._positions.remove(key)  # out of the queue: those behind it move up
-            await self._launch(job, reply, active)
+                fit_key = (shape.key, claimed)
+                reply = no_fit.get(fit_key) or packer.pack(
+                    state, request, policy=self.packer_policy, exclude=claimed
+                )
+                if reply.node is None:
+                    no_fit[fit_key] = reply
+                # only a job that fits somewhere needs it (the backfill's check, the head's spare)
+                estimate = (
+                    self._estimate(job) if head is not None and reply.node is not None else 0.0
+                )
+                if head is not None and reply.node is not None:
+                    fits = backfill.backfill_allowed(job, head, now, estimate, node=reply.node_name)
+                    if not fits.ok:
+                        # Where the packer wanted it the job would delay the head: another node
+                        # never does, so try those before leaving it waiting.
+                        reply = packer.pack(
+                            state,
+                            request,
+                            policy=self.packer_policy,
+                            exclude={*claimed, *([head.node] if head.node else [])},
+                        )
+                        if reply.node is None:
+                            self._set_reason(job, fits.reason)
+                            continue
+                if reply.node is None and job.spec.priority_class is PriorityClass.INTERACTIVE:
+                    if active.window.preempt_batch and await self._preempt_for(job, state, current):
+                        current = None
+                        self._set_reason(job, "waiting: batch jobs are being preempted for it")
+                        continue
+                if reply.node is None:
+                    mine = [n for n, owner in claims.items() if owner == job.id]
+                    if mine:  # batch jobs are moving off its node: keep it for this job
+                        self._set_reason(
+                            job, f"waiting: batch jobs are moving off {mine[0]} for it"
+                        )
+                        head = head or backfill.Reservation(now, mine[0], 0.0)
+                        continue
+                    if fit_key not in no_room_why:
+                        why = waiting.no_room(reply.reason, job.spec, state, self._inventory)
+                        no_room_why[fit_key] = why
+                    self._set_reason(job, no_room_why[fit_key])
+                    if head is None:
+                        head, head_key = self._reserved_start(job, now, state, current), key
+                        batch = job.spec.priority_class is PriorityClass.BATCH
+                        if batch and active.window.migrate_batch:
+                            node = await self._migrate_for(job, state, head, active.window, current)
+                            if node is not None:
+                                current = None
+                                claims[node] = job.id
+                                head = backfill.Reservation(now, node, 0.0)
+                    continue
+                if head is not None:
+                    ends = now + timedelta(seconds=estimate)
+                    head = backfill.consume_spare(
+                        head, policy.job_gpus(job), node=reply.node_name, ends_at=ends
+                    )
+                waits.pop()
+                state.allocate(reply, cpus=job.spec.cpus, mem_gb=job.spec.mem_gb)
+                admitted.clear()
+                no_fit.clear()
+                no_room_why.clear()
+                ctx = policy.add_to_context(ctx, job)
+                current = None
+                self._positions.remove(key)  # out of the queue: those behind it move up
+                await self._launch(job, reply, active)
+            except faults.NOT_THE_JOBS:
+                raise
+            except Exception as exc:  # one job must not stop everyone's: hold it, go on
+                if waits and waits[-1] is job:
+                    waits.pop()
+                self._fault(job, exc, key)
         for job_id in order.skipped:
             job = by_id[job_id]
             if job.spec.not_before is not None and not job.held:
@@ -316,15 +345,31 @@ class Placing:
             current, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
         # In a worker thread: a backfill profile for hundreds of waiting jobs is the pass's
         # longest stretch of pure computation, and requests meanwhile would wait for all of it.
+        # Jobs it fails on are held back here, on the loop.
+        culprits: list[tuple[Job, Exception]] = []
+        ran = current
+
+        def estimates(jobs: Sequence[Job]) -> dict[int, datetime | None]:
+            return waiting.expected_starts(jobs, floors, ran, state, now, self._estimate)
+
         self._estimates = await off_the_loop(
-            waiting.expected_starts, waits, floors, current, state, now, self._estimate
+            faults.sift, waits, estimates, lambda job, exc: culprits.append((job, exc))
         )
+        for job, exc in culprits:
+            self._fault(job, exc)
         if self._memo is not None:
             # Trusted for a hundred times as long as the pass took: full passes then hold the
             # loop ~1 % of the time. A cheap one runs again each second, as every pass did.
             took = self.clock.monotonic() - began
             trust = min(self.full_pass_every_s, max(_MIN_TRUST_S, took / _FULL_PASS_SHARE))
             self._memo.trusted_until = began + trust
+
+    def _fault(self, job: Job, exc: Exception, key: policy.OrderKey | None = None) -> None:
+        """Hold a queued job the pass failed on (:mod:`.faults`): it leaves the line."""
+        self._reasons.pop(job.id, None)
+        if key is not None and self._positions.get(job.id) is not None:
+            self._positions.remove(key)
+        faults.hold(self.store, job, exc)
 
     def _admission_context(
         self,

@@ -55,6 +55,8 @@ from .views import ClusterSnapshot, cluster_view
 
 log = logging.getLogger(__name__)
 
+#: How often the leader looks for big arrays whose submit was cut off, seconds.
+_CUT_ARRAYS_EVERY_S = 60.0
 #: How a job of each kind turns into the argv the backend launches; kinds register here.
 CommandBuilder = Callable[[Job], Sequence[str]]
 #: Called at every tick with the current time, e.g. to fire recurring job definitions.
@@ -127,6 +129,7 @@ class Scheduler(JobActions, Placing):
         self._shapes = Shapes()
         self._memo: PassMemo | None = None
         self._need_full = True
+        self._cut_arrays_at: float | None = None  # when cut-off arrays were last looked for
         # Between full passes the queue's answers are trusted this long at most (less when a
         # full pass is cheap): fair-share usage, quotas and expected starts drift with time.
         self.full_pass_every_s = 10.0
@@ -330,6 +333,7 @@ class Scheduler(JobActions, Placing):
                 await self._refresh_inventory()  # a node its jobs were lost on shows down now
                 await self.tracker.reap_stale()
                 await enforce_limits(self.store, self.tracker, now, active.window)
+                self._cancel_cut_arrays()
                 for hook in self.tick_hooks:
                     await hook(now)
             await asyncio.sleep(0)  # requests waiting meanwhile go first: a pass is long
@@ -350,6 +354,15 @@ class Scheduler(JobActions, Placing):
                 self.tracker.lose(job, f"node {node} went down while the job was starting")
                 continue
             await self.launcher.resume(job)
+
+    def _cancel_cut_arrays(self) -> None:
+        """Now and then, cancel big arrays whose submit a killed server cut off."""
+        mono = self.clock.monotonic()
+        if self._cut_arrays_at is not None and mono - self._cut_arrays_at < _CUT_ARRAYS_EVERY_S:
+            return
+        self._cut_arrays_at = mono
+        if self.cancel_cut_arrays():
+            self.wake()
 
     def _note_ended(self, job_id: int) -> None:
         self._history.clear()  # runtime estimates read the owners' finished jobs again

@@ -48,12 +48,21 @@ class GroupCommit:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _write(self, specs: list[JobSpec]) -> list[Job]:
-        """All or none of ``specs``, in one transaction."""
+    async def write_held(self, specs: list[JobSpec], reason: str) -> list[Job]:
+        """``specs`` queued held with ``reason``, in one transaction of their own (no group).
+
+        For the tasks of a big array (:meth:`~.actions.JobActions.submit_bulk`): by the store
+        writer process too, when it is up.
+        """
+        return await self._write(specs, reason)
+
+    async def _write(self, specs: list[JobSpec], held: str | None = None) -> list[Job]:
+        """All or none of ``specs``, in one transaction; ``held``: held with this reason."""
+        values = self._store.queued_values(specs, held=held is not None, reason=held)
         if self._writer is None or not self._writer.ready():
-            return await off_the_loop(self._store.add_jobs, specs)
-        values = self._store.queued_values(specs)
-        ids = await self._writer.insert_queued(values, current_fence())
+            ids = await off_the_loop(self._store.insert_queued, values)
+        else:
+            ids = await self._writer.insert_queued(values, current_fence())
         return self._store.queued(specs, values, ids)
 
     async def _write_pending(self) -> None:

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from jupyter_gpusched.core.models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S
 from jupyter_gpusched.core.units import parse_duration_s
 from jupyter_gpusched.core.windows import (
     ALL_DAYS,
@@ -88,6 +89,19 @@ class GpuSchedPolicy(Configurable):
         "has no history (used to plan backfill).",
     ).tag(config=True)
 
+    max_runtime_s = Float(
+        PolicyConfig.max_runtime_s,
+        help="Longest runtime, in seconds, a job may declare (max_runtime_s): longer ones are "
+        f"refused at submit with 422. At most {MAX_RUNTIME_S:.0f} (a year).",
+    ).tag(config=True)
+
+    max_not_before_s = Float(
+        PolicyConfig.max_not_before_s,
+        help="How far ahead, in seconds, a job may ask to start (not_before, 'submit-notebook "
+        f"--at'): later ones are refused at submit with 422. At most {MAX_NOT_BEFORE_S:.0f} "
+        "(ten years).",
+    ).tag(config=True)
+
     runtime_percentile = Float(
         90.0,
         help="Percentile (0-100) of a user's past runtimes used as the runtime estimate of "
@@ -150,6 +164,17 @@ class GpuSchedPolicy(Configurable):
             raise TraitError(f"GpuSchedPolicy.{name} {value!r} must be > 0 seconds")
         return float(value)
 
+    @validate("max_runtime_s", "max_not_before_s")
+    def _check_bound(self, proposal: Any) -> float:
+        value, name = proposal["value"], proposal["trait"].name
+        ceiling = MAX_RUNTIME_S if name == "max_runtime_s" else MAX_NOT_BEFORE_S
+        if not 0 < value <= ceiling:
+            raise TraitError(
+                f"GpuSchedPolicy.{name} {value!r} must be more than 0 and at most {ceiling:.0f} "
+                "seconds"
+            )
+        return float(value)
+
     @validate("runtime_percentile")
     def _check_percentile(self, proposal: Any) -> float:
         value = proposal["value"]
@@ -167,6 +192,8 @@ class GpuSchedPolicy(Configurable):
             fairshare_half_life_s=self.fairshare_half_life_s,
             default_runtime_s=self.default_runtime_s,
             runtime_percentile=self.runtime_percentile,
+            max_runtime_s=self.max_runtime_s,
+            max_not_before_s=self.max_not_before_s,
         )
 
 

@@ -2,22 +2,27 @@
 
 A user's server in client mode reads what its user named by path -- only from inside its root
 -- and sends the content (:func:`inline_files`, :func:`inline_notebook`); the service writes it
-into that user's private directory (:func:`store_uploads`, :func:`store_notebook`), from where
-the job is staged onto its node. Sizes are bounded on both sides.
+into that user's private directory (:func:`check_uploads`, :func:`kept_notebook`), from where
+the job is staged onto its node. Sizes are bounded on both sides; what a request sends is
+checked whole before anything is written, and taken away again if the request fails.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import posixpath
+import shutil
 import stat
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError, NotFoundError
 
 #: Largest single file, and all files of one request together, as raw bytes.
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -145,17 +150,70 @@ def safe_relative(name: str, field: str) -> str:
     return norm
 
 
-def store_uploads(uploads: Any, folder: str) -> list[str]:
-    """Write ``uploads`` into a fresh directory under ``folder``; the paths to stage."""
+@dataclass(frozen=True)
+class PendingUploads:
+    """Uploads checked whole and given their places, not yet written (:func:`check_uploads`).
+
+    Nothing reaches the disk before the job they come with was checked too; a request that
+    fails after :meth:`write` takes them away again with :meth:`discard`.
+    """
+
+    # The fresh private folder they go into.
+    target: str
+    # (path relative to target, bytes, mode) of each file.
+    files: tuple[tuple[str, bytes, int], ...]
+    # What the job stages: each top-level file or folder, in the order first named.
+    tops: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """Bytes of all the files together."""
+        return sum(len(data) for _, data, _ in self.files)
+
+    def write(self) -> None:
+        """Write the files (0700 folders; files with their owner's mode bits only)."""
+        _private_dir(os.path.dirname(self.target))
+        _private_dir(self.target)
+        for rel, data, mode in self.files:
+            dest = os.path.join(self.target, rel)
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(dest, mode | stat.S_IRUSR)
+
+    def discard(self) -> None:
+        """Remove what :meth:`write` wrote (the request failed after it)."""
+        shutil.rmtree(self.target, ignore_errors=True)
+
+
+def check_uploads(uploads: Any, folder: str) -> PendingUploads:
+    """Check every upload (names, base64, sizes, names that collide) before any is written.
+
+    They go into a fresh directory under ``folder``; its top-level entries are what to stage.
+    """
     if not isinstance(uploads, list) or len(uploads) > MAX_FILES:
         raise InvalidSpecError("uploads", f"must be a list of at most {MAX_FILES} files")
-    target = _private_dir(os.path.join(_private_dir(folder), uuid.uuid4().hex[:12]))
-    tops: dict[str, None] = {}
+    files: list[tuple[str, bytes, int]] = []
+    named: dict[str, int] = {}  # each file's path -> its index
+    folders: dict[str, int] = {}  # each folder the files need -> the first file needing it
     total = 0
     for i, item in enumerate(uploads):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidSpecError(f"uploads.{i}", 'must be {"name", "content_base64", "mode"}')
         rel = safe_relative(item["name"], f"uploads.{i}.name")
+        clash = named.get(rel, folders.get(rel))
+        parents = _parents(rel)
+        clash = next((named[p] for p in parents if p in named), clash)
+        if clash is not None:
+            raise InvalidSpecError(
+                f"uploads.{i}.name",
+                f"{rel!r} collides with upload {clash} ({uploads[clash].get('name')!r}): one "
+                "path cannot be a file twice, or both a file and a folder",
+            )
+        named[rel] = i
+        for parent in parents:
+            folders.setdefault(parent, i)
         try:
             data = base64.b64decode(str(item.get("content_base64", "")), validate=True)
         except (binascii.Error, ValueError):
@@ -167,19 +225,28 @@ def store_uploads(uploads: Any, folder: str) -> list[str]:
                 f"too large (at most {MAX_FILE_BYTES >> 20} MB a file, "
                 f"{MAX_UPLOAD_BYTES >> 20} MB in all)",
             )
-        mode = int(item.get("mode", 0o600)) & 0o700 or 0o600  # the owner's bits only
-        dest = os.path.join(target, rel)
-        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(dest, mode | stat.S_IRUSR)
-        tops[os.path.join(target, rel.split("/", 1)[0])] = None
-    return list(tops)
+        mode = item.get("mode", 0o600)
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise InvalidSpecError(f"uploads.{i}.mode", "must be Unix mode bits, e.g. 420")
+        files.append((rel, data, mode & 0o700 or 0o600))  # the owner's bits only
+    target = os.path.join(folder, uuid.uuid4().hex[:12])
+    tops = dict.fromkeys(os.path.join(target, rel.split("/", 1)[0]) for rel, _, _ in files)
+    return PendingUploads(target, tuple(files), tuple(tops))
 
 
-def store_notebook(content: Any, rel: str, folder: str) -> str:
-    """Write a notebook's JSON ``content`` at ``folder/rel`` (0600); its path."""
+def _parents(rel: str) -> list[str]:
+    """The folders of a relative path, outermost first: ``a/b/c`` -> ``a``, ``a/b``."""
+    parts = rel.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts))]
+
+
+@contextlib.contextmanager
+def kept_notebook(content: Any, rel: str, folder: str) -> Iterator[str]:
+    """Keep a notebook's JSON ``content`` at ``folder/rel`` (0600) while the block runs.
+
+    Checked before anything is written; if the block fails, the notebook that was there
+    before (or nothing) is put back, so a refused request leaves the folder as it found it.
+    """
     if not isinstance(content, dict) or "cells" not in content:
         raise InvalidSpecError("content", "must be the notebook's JSON (an object with cells)")
     rel = safe_relative(rel, "notebook")
@@ -188,11 +255,42 @@ def store_notebook(content: Any, rel: str, folder: str) -> str:
     text = json.dumps(content)
     if len(text) > MAX_FILE_BYTES:
         raise InvalidSpecError("content", f"larger than {MAX_FILE_BYTES >> 20} MB")
-    dest = os.path.join(_private_dir(folder), rel)
+    root = _private_dir(folder)
+    dest = os.path.join(root, rel)
+    for parent in _parents(rel):
+        if os.path.lexists(path := os.path.join(root, parent)) and not os.path.isdir(path):
+            raise ConflictError(
+                f"notebook {rel!r}: {parent!r} is a file the service keeps for you, so it "
+                "cannot be a folder too; give the notebook another path"
+            )
+    if os.path.isdir(dest):
+        raise ConflictError(
+            f"notebook {rel!r} is a folder of notebooks the service keeps for you; give the "
+            "notebook another path"
+        )
+    made = [p for p in (os.path.join(root, q) for q in _parents(rel)) if not os.path.exists(p)]
     os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
     tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
+    before = f"{dest}.{uuid.uuid4().hex[:8]}.before"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    had = os.path.isfile(dest)
+    if had:
+        os.link(dest, before)
     os.replace(tmp, dest)
-    return dest
+    try:
+        yield dest
+    except BaseException:
+        if had:
+            os.replace(before, dest)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(dest)
+            for folder_made in reversed(made):
+                with contextlib.suppress(OSError):  # only while empty
+                    os.rmdir(folder_made)
+        raise
+    else:
+        if had:
+            os.unlink(before)

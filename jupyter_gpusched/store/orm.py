@@ -94,6 +94,10 @@ class JobRow(Base):
     spec: Mapped[dict[str, Any]]
     placement: Mapped[dict[str, Any] | None]
     handle: Mapped[dict[str, Any]]
+    # Copied from the spec, for the queries that must not read every spec: a pass skips jobs
+    # that cannot start soon (a far not_before), an array is found by its id.
+    not_before: Mapped[datetime | None] = mapped_column(index=True)
+    array_id: Mapped[int | None] = mapped_column(Integer, index=True)
 
     __mapper_args__ = {"version_id_col": version}
 

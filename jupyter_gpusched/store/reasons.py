@@ -10,20 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError
-from jupyter_gpusched.core.models import JobState
+from jupyter_gpusched.core.models import Job, JobState
 
 from .jobcache import JobCache
-from .orm import JobRow
-from .rows import add_event_rows
+from .orm import EventRow, JobRow
+from .rows import _get_row, add_event_row, add_event_rows, job_from_row
 
 #: A job whose waiting reason was written: (id, its row's version before, the reason).
 ReasonChange = tuple[int, int, str | None]
+#: The handle key of a job the scheduler could not handle: count, error, when, still holding.
+FAULT = "fault"
 
 
 class WaitingReasons:
@@ -90,3 +93,25 @@ class WaitingReasons:
                 ],
             )
         return [(c["b_id"], c["b_version"], c["b_reason"]) for c in changes]
+
+    def hold_faulted(self, job_id: int, error: str, reason: Callable[[int], str]) -> Job | None:
+        """Hold a queued job the scheduler's pass failed on, counting the failures.
+
+        ``reason(count)`` words the job's reason for its ``count``-th failure. One
+        transaction: the job is held, its handle's ``fault`` counts the failure and keeps the
+        error, and a ``fault`` event says why. A job no longer queued is left alone (None).
+        """
+        now = self._clock.now()
+        with self.write_session() as s:
+            row = _get_row(s, job_id, for_update=True)
+            if row.state != JobState.QUEUED.value:
+                return None
+            before: dict[str, Any] = dict(row.handle.get(FAULT) or {})
+            count = int(before.get("count", 0)) + 1
+            fault = {"count": count, "error": error, "at": now.isoformat(), "holding": True}
+            row.handle = {**row.handle, FAULT: fault}
+            row.held = True
+            row.reason = reason(count)
+            detail = {"reason": row.reason, "count": count}
+            add_event_row(s, EventRow(at=now, job_id=job_id, kind="fault", detail=detail))
+            return job_from_row(row)

@@ -24,7 +24,9 @@ from jupyter_gpusched.core.models import (
     JobSpec,
     JobState,
     Placement,
+    array_of,
     array_task,
+    stored_spec,
 )
 
 from .orm import EventRow, JobRow
@@ -60,7 +62,7 @@ def add_job_row(
 
 
 def add_job_rows(
-    s: Session, specs: Sequence[JobSpec], now: datetime, *, array: bool
+    s: Session, specs: Sequence[JobSpec], now: datetime, *, array: bool, held: str | None = None
 ) -> list[QueuedRow]:
     """Insert queued jobs and their ``submitted`` events in an open session, in few statements.
 
@@ -68,25 +70,29 @@ def add_job_rows(
     array_task`) whose id is the first job's: that row goes first to learn it, the rest in one
     batch. Core inserts, not ORM objects: building and flushing thousands of those was most of
     a bulk submit. Returns what the job cache keeps of each row (so no caller reads it back).
+    ``held``: queue them held, with this reason (the first tasks of a big array).
     """
+    hold = {"held": held is not None, "reason": held}
     if not specs:
         return []
     if array:
-        (head,) = _insert_jobs(s, [queued_values(specs[0], now)])
+        (head,) = _insert_jobs(s, [queued_values(specs[0], now, **hold)])
         specs = [array_task(spec, head, i) for i, spec in enumerate(specs)]
         jobs = JobRow.__table__
         head_json = _spec_json(specs[0])
         # Bumped like every change of a row (as the ORM did here), though no one saw the first.
         s.execute(
-            update(jobs).where(jobs.c.id == head).values(spec=head_json, version=jobs.c.version + 1)
+            update(jobs)
+            .where(jobs.c.id == head)
+            .values(spec=head_json, array_id=head, version=jobs.c.version + 1)
         )
-        values = [queued_values(spec, now) for spec in specs[1:]]
+        values = [queued_values(spec, now, **hold) for spec in specs[1:]]
         ids = [head, *_insert_jobs(s, values)]
         versions = [FIRST_VERSION + 1] + [FIRST_VERSION] * len(values)
         spec_jsons = [head_json, *(v["spec"] for v in values)]
         add_event_rows(s, _submitted_events(ids, [(spec.user, now) for spec in specs]))
     else:
-        values = [queued_values(spec, now) for spec in specs]
+        values = [queued_values(spec, now, **hold) for spec in specs]
         ids = insert_queued_rows(s, values)
         versions = [FIRST_VERSION] * len(values)
         spec_jsons = [v["spec"] for v in values]
@@ -149,10 +155,13 @@ def _insert_jobs(s: Session, values: list[dict[str, Any]]) -> list[int]:
     return list(s.scalars(ordered, values))
 
 
-def queued_values(spec: JobSpec, now: datetime) -> dict[str, Any]:
+def queued_values(
+    spec: JobSpec, now: datetime, *, held: bool = False, reason: str | None = None
+) -> dict[str, Any]:
     """The columns of a queued job's new row; those left out are NULL (fewer binds per row).
 
     ``placement`` is given: None in a JSON column is stored as JSON ``null``, as it always was.
+    ``held`` and ``reason``: for the tasks of an array still being queued (:mod:`.submissions`).
     """
     return {
         "version": FIRST_VERSION,
@@ -161,28 +170,34 @@ def queued_values(spec: JobSpec, now: datetime) -> dict[str, Any]:
         "kind": spec.kind.value,
         "priority_class": spec.priority_class.value,
         "submitted_at": now,
-        "held": False,
+        "held": held,
         "attempt": 0,
         "spec": _spec_json(spec),
         "placement": None,
         "handle": {},
+        "reason": reason,
+        # copied from the spec (every row names the same columns: one batched statement)
+        "not_before": spec.not_before,
+        "array_id": (array_of(spec) or (None,))[0],
     }
 
 
-def queued_job(job_id: int, spec: JobSpec, now: datetime) -> Job:
+def queued_job(
+    job_id: int, spec: JobSpec, now: datetime, held: bool = False, reason: str | None = None
+) -> Job:
     """The model of a row just inserted, from the spec it was made of (nothing re-validated)."""
     return Job.model_construct(
         id=job_id,
         spec=spec,
         state=JobState.QUEUED,
-        held=False,
+        held=held,
         submitted_at=now,
         started_at=None,
         finished_at=None,
         last_activity_at=None,
         placement=None,
         exit_code=None,
-        reason=None,
+        reason=reason,
         attempt=0,
         handle={},
     )
@@ -237,9 +252,11 @@ def _apply(row: JobRow, fields: Mapping[str, Any]) -> None:
             row.placement = None if placement is None else placement.model_dump(mode="json")
             row.node = None if placement is None else placement.node
         elif key == "spec":
-            spec = JobSpec.model_validate(value)
+            spec = stored_spec(value)
             row.spec = _spec_json(spec)
             row.priority_class = spec.priority_class.value
+            row.not_before = spec.not_before
+            row.array_id = (array_of(spec) or (None,))[0]
         elif key == "handle":
             row.handle = dict(value or {})
         else:
@@ -250,7 +267,7 @@ def _gpu_weight(row: JobRow) -> float:
     if row.placement is not None:
         placement = Placement.model_validate(row.placement)
         return len(placement.gpu_indices) * placement.share_per_gpu
-    spec = JobSpec.model_validate(row.spec)
+    spec = stored_spec(row.spec)
     return spec.gpus * (spec.share_per_gpu or 1.0)
 
 
@@ -277,7 +294,7 @@ def job_from_row(row: JobRow, spec: JobSpec | None = None) -> Job:
     """
     return Job.model_construct(
         id=row.id,
-        spec=spec if spec is not None else JobSpec.model_validate(row.spec),
+        spec=spec if spec is not None else stored_spec(row.spec),
         state=JobState(row.state),
         held=row.held,
         submitted_at=row.submitted_at,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +49,13 @@ from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import ConflictError, InvalidSpecError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
-    ARRAY_ID_LABEL,
     TERMINAL_STATES,
     Job,
     JobKind,
-    JobSpec,
     JobState,
     PriorityClass,
     check_transition,
+    stored_spec,
 )
 
 from .availability import Availability
@@ -247,8 +247,7 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
         if held is not None:
             conditions.append(JobRow.held == held)
         if array_id is not None:
-            label = JobRow.spec[("labels", ARRAY_ID_LABEL)].as_string()
-            conditions.append(label == str(array_id))
+            conditions.append(JobRow.array_id == array_id)
         query = select(JobRow.id, JobRow.version).where(*conditions)
         query = query.order_by(
             column.desc() if desc else column.asc(), JobRow.id.desc() if desc else JobRow.id.asc()
@@ -275,6 +274,25 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
             for row in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
                 out[row.id] = self._cache.put(row, shared=shared)
         return out
+
+    def queued_for_pass(self, soon: datetime, *, shared: bool = False) -> list[Job]:
+        """The queued jobs a full pass weighs, by id: all but those that cannot start soon.
+
+        Left out are jobs whose reason a pass already gave them and that wait for a
+        ``not_before`` after ``soon``, or are held: nothing about them changes until their
+        time comes (or someone releases them, which wakes a pass that reads them again). So
+        one user's thousands of far-future jobs cost the passes of everyone else nothing.
+        """
+        may_start = and_(
+            JobRow.held.is_(False), or_(JobRow.not_before.is_(None), JobRow.not_before <= soon)
+        )
+        query = select(JobRow.id, JobRow.version).where(
+            JobRow.state == JobState.QUEUED.value, or_(JobRow.reason.is_(None), may_start)
+        )
+        with self.read_session() as s:
+            keys = s.connection().execute(query.order_by(JobRow.id)).all()
+            jobs = self._jobs_of(s, keys, shared=shared)
+        return [jobs[i] for i, _ in keys]
 
     def active_and_queued_since(self, after_id: int) -> tuple[list[Job], list[Job]]:
         """The active jobs, and the queued jobs with an id above ``after_id``, by id.
@@ -403,7 +421,7 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
         with self.write_session() as s:
             row = _get_row(s, job_id, for_update=True)
             if "spec" in fields:
-                fields["spec"] = spec = JobSpec.model_validate(fields["spec"])
+                fields["spec"] = spec = stored_spec(fields["spec"])
                 if spec.user != row.username or spec.kind.value != row.kind:
                     raise ConflictError(f"job {job_id}: a new spec cannot change its user or kind")
             _apply(row, fields)

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.models import Job, JobSpec
+from jupyter_gpusched.core.models import ARRAY_BEING_QUEUED, Job, JobSpec, JobState
 
 from .jobcache import JobCache
+from .orm import JobRow
 from .rows import (
     FIRST_VERSION,
+    add_event_rows,
     add_job_row,
     add_job_rows,
     insert_queued_rows,
@@ -55,10 +59,12 @@ class Submissions:
 
     # The three steps of :meth:`add_jobs`, apart for a store writer process to do the middle.
 
-    def queued_values(self, specs: Sequence[JobSpec]) -> list[dict[str, Any]]:
+    def queued_values(
+        self, specs: Sequence[JobSpec], *, held: bool = False, reason: str | None = None
+    ) -> list[dict[str, Any]]:
         """The new rows' columns of queued jobs submitted now (no I/O)."""
         now = self._clock.now()
-        return [queued_values(spec, now) for spec in specs]
+        return [queued_values(spec, now, held=held, reason=reason) for spec in specs]
 
     def insert_queued(self, values: Sequence[Mapping[str, Any]]) -> list[int]:
         """Insert :meth:`queued_values` and their events in one transaction; the new ids."""
@@ -71,7 +77,105 @@ class Submissions:
         """The jobs just inserted, kept in the job cache (the next pass reads them there)."""
         jobs = []
         for spec, value, job_id in zip(specs, values, ids, strict=True):
-            at = value["submitted_at"]  # the caller gets its own object, not the cache's
-            self._cache.keep(queued_job(job_id, spec, at), FIRST_VERSION, value["spec"])
-            jobs.append(queued_job(job_id, spec, at))
+            at, held, why = value["submitted_at"], value["held"], value["reason"]
+            # the caller gets its own object, not the cache's
+            self._cache.keep(queued_job(job_id, spec, at, held, why), FIRST_VERSION, value["spec"])
+            jobs.append(queued_job(job_id, spec, at, held, why))
         return jobs
+
+    # A big array, in transactions of its own (:meth:`~jupyter_gpusched.scheduling.actions.
+    # JobActions.submit_bulk`): its head, its tasks held while they are written, then all
+    # released in one statement -- or, if the submit fails, all cancelled.
+
+    def add_array_head(self, spec: JobSpec) -> Job:
+        """Queue the first task of a big array, held until :meth:`release_array`."""
+        now = self._clock.now()
+        with self.write_session() as s:
+            (row,) = add_job_rows(s, [spec], now, array=True, held=ARRAY_BEING_QUEUED)
+        job = queued_job(row.id, row.spec, now, True, ARRAY_BEING_QUEUED)
+        self._cache.keep(job, row.version, row.spec_json)
+        return queued_job(row.id, row.spec, now, True, ARRAY_BEING_QUEUED)
+
+    def release_array(self, array_id: int, jobs: Sequence[Job], reason: str | None) -> int:
+        """Release the held tasks of array ``array_id`` in one statement; how many.
+
+        ``jobs``: the tasks as queued (the job cache keeps them released, unread);
+        ``reason``: their waiting reason once released (None: for the next pass to find).
+        """
+        table = JobRow.__table__
+        with self.write_session() as s:
+            done = s.execute(
+                update(table)
+                .where(*_being_queued(table), table.c.array_id == array_id)
+                .values(held=False, reason=reason, version=table.c.version + 1)
+            )
+        first = {job.id: FIRST_VERSION for job in jobs}
+        first[array_id] = FIRST_VERSION + 1  # the head's spec was written twice
+        for job in jobs:
+            self._cache.advance(job.id, first[job.id], held=False, reason=reason)
+        return int(done.rowcount or 0)
+
+    def cancel_unfinished_arrays(
+        self, why: str, *, array_id: int | None = None, before: datetime | None = None
+    ) -> int:
+        """Cancel the held tasks of arrays whose submit failed or was cut off; how many.
+
+        ``array_id``: that array's (a submit that failed); else every array whose last task
+        was written before ``before``, so that an array another server is still writing is
+        left alone.
+        """
+        table = JobRow.__table__
+        now = self._clock.now()
+        with self.write_session() as s:
+            if array_id is not None:
+                arrays = [array_id]
+            else:
+                cut = select(table.c.array_id).where(*_being_queued(table))
+                cut = cut.group_by(table.c.array_id)
+                if before is not None:
+                    cut = cut.having(func.max(table.c.submitted_at) < before)
+                arrays = [a for (a,) in s.execute(cut) if a is not None]
+            if not arrays:
+                return 0
+            victims = (
+                s.execute(
+                    select(table.c.id).where(*_being_queued(table), table.c.array_id.in_(arrays))
+                )
+                .scalars()
+                .all()
+            )
+            s.execute(
+                update(table)
+                .where(table.c.id.in_(victims))
+                .values(
+                    state=JobState.CANCELLED.value,
+                    held=False,
+                    reason=why,
+                    finished_at=now,
+                    version=table.c.version + 1,
+                )
+            )
+            add_event_rows(
+                s,
+                [
+                    {
+                        "at": now,
+                        "job_id": job_id,
+                        "kind": "state",
+                        "from_state": JobState.QUEUED.value,
+                        "to_state": JobState.CANCELLED.value,
+                        "detail": {"reason": why},
+                    }
+                    for job_id in victims
+                ],
+            )
+        return len(victims)
+
+
+def _being_queued(table: Any) -> list[ColumnElement[bool]]:
+    """The tasks of arrays still being written: queued, held, with that reason."""
+    return [
+        table.c.state == JobState.QUEUED.value,
+        table.c.held.is_(True),
+        table.c.reason == ARRAY_BEING_QUEUED,
+    ]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from _fixtures_server import OPENAPI, conforms
+from _fixtures_server import FAR_FUTURE, OPENAPI, conforms
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -21,7 +21,6 @@ def script(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 SLEEPER = script("import time; print('started', flush=True); time.sleep(60)")
 
 

@@ -7,12 +7,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _fixtures_server import conforms
+from _fixtures_server import FAR_FUTURE, conforms
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
 
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 PRINT_INDEX = [
     sys.executable,
     "-c",

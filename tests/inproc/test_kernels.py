@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from _fixtures_polling import wait_for_async
-from _fixtures_server import conforms
+from _fixtures_server import FAR_FUTURE, conforms
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from jupyter_gpusched.core.models import Job, JobSpec
@@ -17,8 +17,6 @@ from jupyter_gpusched.node.kernel import PORT_KEYS
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
-
-FAR_FUTURE = "2099-01-01T00:00:00+00:00"
 
 
 async def _kernel(gpusched: ApiClient, job_id: int, timeout_s: float = 30.0) -> dict[str, Any]:

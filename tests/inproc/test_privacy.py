@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _fixtures_notebooks import write_notebook
-from _fixtures_server import TOKEN_USER_HEADER, conforms, script
+from _fixtures_server import FAR_FUTURE, TOKEN_USER_HEADER, conforms, script
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -146,6 +146,6 @@ async def test_files_and_notebooks_must_lie_inside_the_root(
         kind="script",
         command=["cat", "ok.txt"],
         files=["data/ok.txt"],
-        not_before="2099-01-01T00:00:00+00:00",
+        not_before=FAR_FUTURE,
     )
     assert job["spec"]["files"] == [str((jp_root_dir / "data" / "ok.txt").resolve())]

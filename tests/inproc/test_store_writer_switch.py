@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from _fixtures_polling import wait_for_async
+from _fixtures_server import FAR_FUTURE
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
-
-FAR = "2099-01-01T00:00:00+00:00"
 
 
 @pytest.fixture(params=[True, False], ids=["process", "thread"])
@@ -23,7 +22,7 @@ async def test_the_switch_decides_who_commits_submits(
     gpusched: ApiClient, jp_serverapp: Any, gpusched_overrides: dict[str, Any]
 ) -> None:
     group = jp_serverapp.web_app.settings["gpusched"]._group
-    first = await gpusched.submit(kind="script", command=["true"], gpus=1, not_before=FAR)
+    first = await gpusched.submit(kind="script", command=["true"], gpus=1, not_before=FAR_FUTURE)
     if gpusched_overrides["store_writer_process"]:
         writer = group._writer
         await wait_for_async(writer.ready, what="the store writer process")
@@ -31,7 +30,7 @@ async def test_the_switch_decides_who_commits_submits(
     else:
         assert group._writer is None  # so no child is ever started
     jobs = [
-        await gpusched.submit(kind="script", command=["true"], gpus=1, not_before=FAR)
+        await gpusched.submit(kind="script", command=["true"], gpus=1, not_before=FAR_FUTURE)
         for _ in range(3)
     ]
     assert [job["id"] for job in jobs] == [first["id"] + i for i in (1, 2, 3)]

@@ -29,7 +29,12 @@ from jupyter_gpusched.core.errors import (
 from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.core.units import format_size_bytes
 from jupyter_gpusched.server.auth import AUTH_RESOURCE
-from jupyter_gpusched.server.uploads import local_files, store_uploads, user_dir
+from jupyter_gpusched.server.uploads import (
+    PendingUploads,
+    check_uploads,
+    local_files,
+    user_dir,
+)
 
 API = "gpusched/api"
 _SHARED_TOKEN_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
@@ -154,28 +159,32 @@ class GpuSchedMixin:
         root = getattr(settings.get("contents_manager"), "root_dir", None)
         return os.path.expanduser(str(root or settings.get("server_root_dir") or "."))
 
-    def take_uploads(self, body: dict[str, Any]) -> None:
-        """Write files sent with a job into the caller's directory; stage them from there.
+    def take_uploads(self, body: dict[str, Any]) -> PendingUploads | None:
+        """Check the files sent with a job; the job stages them from the caller's directory.
 
         The lab-wide service cannot read paths on its callers' machines: there, ``files``
         must come as ``uploads`` (the user's own Jupyter server sends them that way). A
         server that reads them itself takes only paths inside its root (relative ones start
-        there).
+        there). Uploads come back checked but unwritten: the caller writes them once the job
+        was checked too, and discards them if the request fails after all.
         """
         uploads = body.pop("uploads", None)
         if uploads is not None:
             if body.get("files"):
                 raise InvalidSpecError("files", "give files or uploads, not both")
             folder = os.path.join(self.user_files_dir(self.username), "uploads")
-            body["files"] = store_uploads(uploads, folder)
-        elif body.get("files") and self.mode == "service":
+            pending = check_uploads(uploads, folder)
+            body["files"] = list(pending.tops)
+            return pending
+        if body.get("files") and self.mode == "service":
             raise InvalidSpecError(
                 "files",
                 "the lab's service cannot read paths on your machine; send the files' "
                 "content as uploads (your Jupyter server does so for you)",
             )
-        elif body.get("files"):
+        if body.get("files"):
             body["files"] = local_files(body["files"], self.server_root())
+        return None
 
     def query(self, name: str, default: str | None = None) -> str | None:
         """One query argument; repeated arguments are refused rather than guessed at."""

@@ -33,6 +33,7 @@ from jupyter_gpusched.core.errors import (
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
 
+from ..uploads import PendingUploads
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
 
 #: Most stored events a timeline reads (a notebook's progress lines count).
@@ -73,28 +74,39 @@ class JobsHandler(ApiHandler):
     async def post(self) -> None:
         """Submit a job as the current user; answers 201 with its Location.
 
-        A list of jobs, or one job with ``array: N``, is a bulk submit: all queued in one
-        transaction (or none), answered as a :class:`~jupyter_gpusched.core.api.JobArray`.
+        A list of jobs, or one job with ``array: N``, is a bulk submit: all queued or none
+        (in chunks others' requests go between, see ``submit_bulk``), answered as a
+        :class:`~jupyter_gpusched.core.api.JobArray`.
+        Files sent with the jobs are written only once every job was checked, and removed
+        again when the submit fails.
         """
         sched = await self.scheduler()
         body = self.json_body()
-        if isinstance(body, list):
-            self._post_many(sched, body)
-            return
-        count = body.pop("array", None) if isinstance(body, dict) else None
-        spec = self._spec(body)
-        if count is None:
-            job = await sched.submit_grouped(spec)
-            self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
-            self.write_model(sched.job_view(job, self.viewer), status=201)
-            return
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ARRAY:
-            raise InvalidSpecError(
-                "array", f"must be a whole number of tasks from 1 to {MAX_ARRAY}, got {count!r}"
-            )
-        self._write_array(sched, sched.submit_many([spec] * count))
+        self._uploads: list[PendingUploads] = []
+        try:
+            if isinstance(body, list):
+                specs = self._specs(sched, body)
+                self._write_uploads()
+                jobs = await sched.submit_bulk(specs)
+            else:
+                count = body.pop("array", None) if isinstance(body, dict) else None
+                _check_array(count)
+                spec = self._spec(sched, body)
+                self._write_uploads()
+                if count is None:
+                    job = await sched.submit_grouped(spec)
+                    where = url_path_join(self.base_url, API, "jobs", str(job.id))
+                    self.set_header("Location", where)
+                    self.write_model(sched.job_view(job, self.viewer), status=201)
+                    return
+                jobs = await sched.submit_bulk([spec] * count)
+        except BaseException:
+            for pending in self._uploads:
+                pending.discard()
+            raise
+        self._write_array(sched, jobs)
 
-    def _post_many(self, sched: Any, body: list[Any]) -> None:
+    def _specs(self, sched: Any, body: list[Any]) -> list[JobSpec]:
         if not 1 <= len(body) <= MAX_ARRAY:
             raise InvalidSpecError(
                 "body",
@@ -107,18 +119,23 @@ class JobsHandler(ApiHandler):
                     f"{i}.array", "arrays cannot be nested in a list; list the jobs instead"
                 )
             try:
-                specs.append(self._spec(item))
+                specs.append(self._spec(sched, item))
             except InvalidSpecError as exc:
                 field, _, message = str(exc.message).partition(": ")
                 raise InvalidSpecError(f"{i}.{exc.field}", message or field) from None
-        self._write_array(sched, sched.submit_many(specs))
+        return specs
 
-    def _spec(self, body: Any) -> JobSpec:
+    def _spec(self, sched: Any, body: Any) -> JobSpec:
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
-        if isinstance(body, dict):
-            self.take_uploads(body)
-        return parse_spec(body, user=self.username)
+        if isinstance(body, dict) and (pending := self.take_uploads(body)) is not None:
+            self._uploads.append(pending)
+        bounds = sched.policy.spec_bounds(sched.clock.now())
+        return parse_spec(body, bounds=bounds, user=self.username)
+
+    def _write_uploads(self) -> None:
+        for pending in self._uploads:
+            pending.write()
 
     def _write_array(self, sched: Any, jobs: list[Job]) -> None:
         array_id = jobs[0].id
@@ -126,6 +143,16 @@ class JobsHandler(ApiHandler):
         self.set_header("Location", url_path_join(self.base_url, API, "jobs") + "?" + query)
         views = [sched.job_view(j, self.viewer) for j in jobs]
         self.write_model(JobArray(array_id=array_id, jobs=views), status=201)
+
+
+def _check_array(count: Any) -> None:
+    """``array``: absent, or a whole number of tasks up to :data:`MAX_ARRAY`."""
+    if count is not None and (
+        isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ARRAY
+    ):
+        raise InvalidSpecError(
+            "array", f"must be a whole number of tasks from 1 to {MAX_ARRAY}, got {count!r}"
+        )
 
 
 class JobHandler(ApiHandler):

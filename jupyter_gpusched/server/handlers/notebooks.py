@@ -7,6 +7,7 @@ through the extension's one error table (:func:`jupyter_gpusched.server.handlers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -29,7 +30,7 @@ from jupyter_gpusched.core.api import (
 from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
 
 from ..outputs import output_path
-from ..uploads import store_notebook
+from ..uploads import kept_notebook
 from .base import API, ApiHandler, job_id_arg
 
 
@@ -52,35 +53,39 @@ class _NotebookApi(ApiHandler):
             return os.path.join(self.user_files_dir(user), "notebooks")
         return self.server_root()
 
-    async def submission(self, *, recurring: bool | None) -> Any:
-        """The request body checked and turned into a job spec (and schedule).
+    async def submit(self, *, recurring: bool | None) -> tuple[Any, Any]:
+        """Check the request, queue its job or store its definition: ``(job, definition)``.
 
         A notebook sent with its ``content`` is kept in the caller's notebook directory (the
-        lab-wide service keeps it there, so a definition fires without its owner's server).
+        lab-wide service keeps it there, so a definition fires without its owner's server);
+        when the request is refused after all, the directory is left as it was.
         """
         plugin = await self.plugin()
         body = self.json_body()
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         root = self.notebook_root(self.username)
-        if isinstance(body, dict) and "content" in body:
-            content = body.pop("content")
-            store_notebook(content, str(body.get("notebook") or ""), root)
-        elif self.mode == "service":
+        content = body.pop("content", None) if isinstance(body, dict) else None
+        if content is None and self.mode == "service":
             raise InvalidSpecError(
                 "content",
                 "the lab's service cannot read your notebook from your machine; send its "
                 "content (your Jupyter server does so for you)",
             )
+        request = parse_request(body)
         sched = plugin.scheduler
-        return build_submission(
-            parse_request(body),
-            user=self.username,
-            root_dir=root,
-            config=sched.policy,
-            now=sched.clock.now(),
-            recurring=recurring,
-        )
+        with contextlib.ExitStack() as kept:
+            if content is not None:
+                kept.enter_context(kept_notebook(content, request.notebook, root))
+            submission = build_submission(
+                request,
+                user=self.username,
+                root_dir=root,
+                config=sched.policy,
+                now=sched.clock.now(),
+                recurring=recurring,
+            )
+            return plugin.submit(submission)  # type: ignore[no-any-return]
 
 
 class NotebooksHandler(_NotebookApi):
@@ -91,7 +96,7 @@ class NotebooksHandler(_NotebookApi):
     async def post(self) -> None:
         """Queue the job (``at``: now/tonight/window/ISO) or store a definition (cron)."""
         plugin = await self.plugin()
-        job, definition = plugin.submit(await self.submission(recurring=None))
+        job, definition = await self.submit(recurring=None)
         if job is not None:
             where = url_path_join(self.base_url, API, "jobs", str(job.id))
         else:
@@ -122,8 +127,7 @@ class DefinitionsHandler(_NotebookApi):
     @authorized
     async def post(self) -> None:
         """A new recurring notebook job; ``schedule`` (cron) is required."""
-        plugin = await self.plugin()
-        _, definition = plugin.submit(await self.submission(recurring=True))
+        _, definition = await self.submit(recurring=True)
         self.set_header(
             "Location", url_path_join(self.base_url, API, "definitions", str(definition.id))
         )
