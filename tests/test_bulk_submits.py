@@ -42,11 +42,11 @@ async def test_a_big_array_is_written_in_chunks_and_released_whole(
         chunks: list[int] = []
         real = h.sched._group.write_held
 
-        async def write_held(specs: list[JobSpec], reason: str) -> Any:
+        async def write_held(specs: list[JobSpec], reason: str, values: Any = None) -> Any:
             queued, _ = h.sched.list_jobs(states=[JobState.QUEUED], limit=None)
             assert all(j.held and j.reason == ARRAY_BEING_QUEUED for j in queued)
             chunks.append(len(specs))
-            return await real(specs, reason)
+            return await real(specs, reason, values)
 
         monkeypatch.setattr(h.sched._group, "write_held", write_held)
         jobs = await h.sched.submit_bulk([spec(gpus=0)] * 101)
@@ -68,12 +68,12 @@ async def test_a_failed_bulk_submit_cancels_what_it_wrote_and_nothing_ran(
         real = h.sched._group.write_held
         calls = 0
 
-        async def flaky(specs: list[JobSpec], reason: str) -> Any:
+        async def flaky(specs: list[JobSpec], reason: str, values: Any = None) -> Any:
             nonlocal calls
             calls += 1
             if calls == 3:
                 raise OSError("disk full")
-            return await real(specs, reason)
+            return await real(specs, reason, values)
 
         monkeypatch.setattr(h.sched._group, "write_held", flaky)
         mine = h.submit("alice", gpus=1).id

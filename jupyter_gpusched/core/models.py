@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -377,7 +377,26 @@ def array_task(spec: JobSpec, array_id: int, index: int) -> JobSpec:
     """
     labels = {**spec.labels, ARRAY_ID_LABEL: str(array_id), ARRAY_INDEX_LABEL: str(index)}
     env = {**spec.env, ARRAY_ID_ENV: str(array_id), ARRAY_INDEX_ENV: str(index)}
-    return spec.model_copy(update={"labels": labels, "env": env})
+    return replaced(spec, labels=labels, env=env)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def replaced(model: M, **fields: Any) -> M:
+    """A shallow copy of ``model`` with ``fields`` replaced, not validated (nor frozen-checked).
+
+    What ``model_copy(update=...)`` makes, at a tenth of its cost: an array of 10,000 tasks
+    makes 10,000 of them. The attributes set are pydantic's own (those it copies).
+    """
+    new = object.__new__(type(model))
+    values = model.__dict__.copy()
+    values.update(fields)
+    object.__setattr__(new, "__dict__", values)
+    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | set(fields))
+    object.__setattr__(new, "__pydantic_extra__", model.__pydantic_extra__)
+    object.__setattr__(new, "__pydantic_private__", model.__pydantic_private__)
+    return new
 
 
 def array_of(spec: JobSpec) -> tuple[int, int] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from jupyter_gpusched.core.models import Job, JobSpec
 from jupyter_gpusched.store.availability import off_the_loop
@@ -48,21 +49,31 @@ class GroupCommit:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def write_held(self, specs: list[JobSpec], reason: str) -> list[Job]:
+    async def write_held(
+        self, specs: list[JobSpec], reason: str, values: list[dict[str, Any]] | None = None
+    ) -> list[Job]:
         """``specs`` queued held with ``reason``, in one transaction of their own (no group).
 
         For the tasks of a big array (:meth:`~.actions.JobActions.submit_bulk`): by the store
-        writer process too, when it is up.
+        writer process too, when it is up. ``values``: their rows' columns, when made already.
         """
-        return await self._write(specs, reason)
+        return await self._write(specs, reason, values)
 
-    async def _write(self, specs: list[JobSpec], held: str | None = None) -> list[Job]:
+    async def _write(
+        self,
+        specs: list[JobSpec],
+        held: str | None = None,
+        values: list[dict[str, Any]] | None = None,
+    ) -> list[Job]:
         """All or none of ``specs``, in one transaction; ``held``: held with this reason."""
-        values = self._store.queued_values(specs, held=held is not None, reason=held)
+        if values is None:
+            values = self._store.queued_values(specs, held=held is not None, reason=held)
         if self._writer is None or not self._writer.ready():
             ids = await off_the_loop(self._store.insert_queued, values)
         else:
             ids = await self._writer.insert_queued(values, current_fence())
+        if held is not None:  # a big array's chunk: its jobs made in a thread, as its values
+            return await off_the_loop(self._store.queued, specs, values, ids)
         return self._store.queued(specs, values, ids)
 
     async def _write_pending(self) -> None:

@@ -7,7 +7,7 @@ progress) write through these, so a job row and its event are always written the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -26,6 +26,7 @@ from jupyter_gpusched.core.models import (
     Placement,
     array_of,
     array_task,
+    replaced,
     stored_spec,
 )
 
@@ -155,13 +156,38 @@ def _insert_jobs(s: Session, values: list[dict[str, Any]]) -> list[int]:
     return list(s.scalars(ordered, values))
 
 
+def task_values(
+    base: JobSpec, array_id: int, indices: range, now: datetime, **hold: Any
+) -> tuple[list[JobSpec], list[dict[str, Any]]]:
+    """Tasks ``indices`` of array ``array_id`` of copies of ``base``, and their new rows' columns.
+
+    What ``array_task`` and :func:`queued_values` make of each, for a fraction of the cost:
+    the spec's JSON is made once and each task's differs only in its labels and environment.
+    ``hold``: ``held`` and ``reason``, as :func:`queued_values` takes them.
+    """
+    base_json = _spec_json(base)
+    specs, values = [], []
+    for index in indices:
+        task = array_task(base, array_id, index)
+        specs.append(task)
+        spec_json = {**base_json, "labels": dict(task.labels), "env": dict(task.env)}
+        values.append(queued_values(task, now, spec_json=spec_json, **hold))
+    return specs, values
+
+
 def queued_values(
-    spec: JobSpec, now: datetime, *, held: bool = False, reason: str | None = None
+    spec: JobSpec,
+    now: datetime,
+    *,
+    held: bool = False,
+    reason: str | None = None,
+    spec_json: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The columns of a queued job's new row; those left out are NULL (fewer binds per row).
 
     ``placement`` is given: None in a JSON column is stored as JSON ``null``, as it always was.
-    ``held`` and ``reason``: for the tasks of an array still being queued (:mod:`.submissions`).
+    ``held`` and ``reason``: for the tasks of an array still being queued (:mod:`.submissions`);
+    ``spec_json``: the spec as stored, when the caller made it already.
     """
     return {
         "version": FIRST_VERSION,
@@ -172,7 +198,7 @@ def queued_values(
         "submitted_at": now,
         "held": held,
         "attempt": 0,
-        "spec": _spec_json(spec),
+        "spec": _spec_json(spec) if spec_json is None else spec_json,
         "placement": None,
         "handle": {},
         "reason": reason,
@@ -185,22 +211,32 @@ def queued_values(
 def queued_job(
     job_id: int, spec: JobSpec, now: datetime, held: bool = False, reason: str | None = None
 ) -> Job:
-    """The model of a row just inserted, from the spec it was made of (nothing re-validated)."""
-    return Job.model_construct(
-        id=job_id,
-        spec=spec,
-        state=JobState.QUEUED,
-        held=held,
-        submitted_at=now,
-        started_at=None,
-        finished_at=None,
-        last_activity_at=None,
-        placement=None,
-        exit_code=None,
-        reason=reason,
-        attempt=0,
-        handle={},
+    """The model of a row just inserted, from the spec it was made of (nothing re-validated).
+
+    A copy of one model made once, with the fields that differ replaced: a big array makes
+    thousands, and building each afresh was most of the time it held the server's GIL.
+    """
+    return replaced(
+        _QUEUED, id=job_id, spec=spec, submitted_at=now, held=held, reason=reason, handle={}
     )
+
+
+#: What every new job's model starts from (see :func:`queued_job`).
+_QUEUED = Job.model_construct(
+    id=0,
+    spec=JobSpec(kind="lease"),
+    state=JobState.QUEUED,
+    held=False,
+    submitted_at=datetime(1970, 1, 1, tzinfo=UTC),
+    started_at=None,
+    finished_at=None,
+    last_activity_at=None,
+    placement=None,
+    exit_code=None,
+    reason=None,
+    attempt=0,
+    handle={},
+)
 
 
 def add_event_row(s: Session, row: EventRow) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.models import ARRAY_BEING_QUEUED, Job, JobSpec, JobState
 
-from .jobcache import JobCache
+from .jobcache import JobCache, copy_job
 from .orm import JobRow
 from .rows import (
     FIRST_VERSION,
@@ -29,6 +29,7 @@ from .rows import (
     job_from_row,
     queued_job,
     queued_values,
+    task_values,
 )
 
 
@@ -77,11 +78,16 @@ class Submissions:
         """The jobs just inserted, kept in the job cache (the next pass reads them there)."""
         jobs = []
         for spec, value, job_id in zip(specs, values, ids, strict=True):
-            at, held, why = value["submitted_at"], value["held"], value["reason"]
-            # the caller gets its own object, not the cache's
-            self._cache.keep(queued_job(job_id, spec, at, held, why), FIRST_VERSION, value["spec"])
-            jobs.append(queued_job(job_id, spec, at, held, why))
+            job = queued_job(job_id, spec, value["submitted_at"], value["held"], value["reason"])
+            self._cache.keep(job, FIRST_VERSION, value["spec"])
+            jobs.append(copy_job(job))  # the caller gets its own object, not the cache's
         return jobs
+
+    def task_values(
+        self, base: JobSpec, array_id: int, indices: range, reason: str
+    ) -> tuple[list[JobSpec], list[dict[str, Any]]]:
+        """Tasks of array ``array_id`` held with ``reason`` and their rows' columns (no I/O)."""
+        return task_values(base, array_id, indices, self._clock.now(), held=True, reason=reason)
 
     # A big array, in transactions of its own (:meth:`~jupyter_gpusched.scheduling.actions.
     # JobActions.submit_bulk`): its head, its tasks held while they are written, then all

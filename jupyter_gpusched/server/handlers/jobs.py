@@ -32,6 +32,7 @@ from jupyter_gpusched.core.errors import (
 )
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
+from jupyter_gpusched.store.availability import off_the_loop
 
 from ..uploads import PendingUploads
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
@@ -104,7 +105,7 @@ class JobsHandler(ApiHandler):
             for pending in self._uploads:
                 pending.discard()
             raise
-        self._write_array(sched, jobs)
+        await self._write_array(sched, jobs)
 
     def _specs(self, sched: Any, body: list[Any]) -> list[JobSpec]:
         if not 1 <= len(body) <= MAX_ARRAY:
@@ -137,12 +138,21 @@ class JobsHandler(ApiHandler):
         for pending in self._uploads:
             pending.write()
 
-    def _write_array(self, sched: Any, jobs: list[Job]) -> None:
+    async def _write_array(self, sched: Any, jobs: list[Job]) -> None:
         array_id = jobs[0].id
         query = urllib.parse.urlencode({"array": array_id})
         self.set_header("Location", url_path_join(self.base_url, API, "jobs") + "?" + query)
-        views = [sched.job_view(j, self.viewer) for j in jobs]
-        self.write_model(JobArray(array_id=array_id, jobs=views), status=201)
+        viewer = self.viewer
+
+        def answer() -> bytes:
+            views = [sched.job_view(j, viewer) for j in jobs]
+            return JobArray(array_id=array_id, jobs=views).model_dump_json().encode()
+
+        # thousands of views are a fraction of a second: in a thread, so others go between
+        body = answer() if len(jobs) <= 100 else await off_the_loop(answer)
+        self.set_status(201)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
 
 
 def _check_array(count: Any) -> None:
