@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from jupyter_gpusched.cluster.base import Backend
+from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     AccountError,
@@ -32,11 +32,13 @@ from jupyter_gpusched.core.errors import (
     GpuSchedError,
     NodeRefusedError,
 )
-from jupyter_gpusched.core.models import Job, JobKind, JobState
+from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobKind, JobState, Placement
 from jupyter_gpusched.core.units import format_duration_s
+from jupyter_gpusched.packing.packer import PackReply
 from jupyter_gpusched.store.store import Store
 
 from .tracking import JobTracker
+from .waiting import placed
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,53 @@ class Launcher:
         self.commands = commands
         self.max_failures = max_failures
         self.backoff_s = backoff_s
+
+    async def place(
+        self, job: Job, reply: PackReply, node: NodeInventory, limit_s: float | None
+    ) -> None:
+        """Start queued ``job`` where the packer put it on ``node``: ``starting``, then launch.
+
+        ``limit_s``: its runtime limit (its deadline is kept in its handle). A job cancelled or
+        changed since the pass read it is left for the next pass.
+        """
+        assert reply.node_name is not None
+        uuids = {g.index: g.uuid for g in node.gpus}
+        mem_gb = None
+        if node.gpus and reply.share_per_gpu < 1:
+            mem_gb = round(reply.share_per_gpu * node.gpus[0].mem_total_mb / 1024, 3)
+        placement = Placement(
+            node=reply.node_name,
+            gpu_indices=list(reply.gpu_indices),
+            gpu_uuids=[uuids.get(i, "") for i in reply.gpu_indices],
+            share_per_gpu=reply.share_per_gpu,
+            gpu_mem_gb=mem_gb,
+        )
+        now = self.clock.now()
+        others: list[Job] = []
+        if placement.share_per_gpu < 1:  # whom it shares with goes into its reason
+            others, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
+        handle: dict[str, Any] = {k: v for k, v in job.handle.items() if k in _KEEP_ON_REQUEUE}
+        # Where this attempt would run, so it can be found (or claimed) if its launch is cut.
+        handle.update(node=placement.node, attempt=job.attempt)
+        if node.gpus:
+            handle["gpu_mem_mb"] = int(placement.share_per_gpu * node.gpus[0].mem_total_mb)
+        if limit_s is not None:
+            handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
+            handle["limit_s"] = limit_s
+        try:
+            job = self.tracker.move(
+                job.id,
+                JobState.STARTING,
+                expect=JobState.QUEUED,
+                placement=placement,
+                started_at=now,
+                last_activity_at=now,
+                handle=handle,
+                reason=placed(placement, others),
+            )
+        except ConflictError:
+            return  # cancelled or changed since this pass read the queue: the next pass sees it
+        await self.launch(job)
 
     async def launch(self, job: Job) -> None:
         """Start a job already written as ``starting``; record what came of it."""

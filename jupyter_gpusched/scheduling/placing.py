@@ -18,13 +18,11 @@ from typing import Any
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import backfill, policy, windows
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import ConflictError
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,
     JobKind,
     JobState,
-    Placement,
     PriorityClass,
 )
 from jupyter_gpusched.core.usage import UsageTally
@@ -469,46 +467,7 @@ class Placing:
     ) -> None:
         assert reply.node_name is not None
         node = next(n for n in self._inventory if n.name == reply.node_name)
-        uuids = {g.index: g.uuid for g in node.gpus}
-        mem_gb = None
-        if node.gpus and reply.share_per_gpu < 1:
-            mem_gb = round(reply.share_per_gpu * node.gpus[0].mem_total_mb / 1024, 3)
-        placement = Placement(
-            node=reply.node_name,
-            gpu_indices=list(reply.gpu_indices),
-            gpu_uuids=[uuids.get(i, "") for i in reply.gpu_indices],
-            share_per_gpu=reply.share_per_gpu,
-            gpu_mem_gb=mem_gb,
-        )
-        now = self.clock.now()
-        limit_s = _runtime_limit(job, active)
-        others: list[Job] = []
-        if placement.share_per_gpu < 1:  # whom it shares with goes into its reason
-            others, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=1_000_000)
-        handle: dict[str, Any] = {
-            k: v for k, v in job.handle.items() if k in ("previous", "launch_failures")
-        }
-        # Where this attempt would run, so it can be found (or claimed) if its launch is cut.
-        handle.update(node=placement.node, attempt=job.attempt)
-        if node.gpus:
-            handle["gpu_mem_mb"] = int(placement.share_per_gpu * node.gpus[0].mem_total_mb)
-        if limit_s is not None:
-            handle["deadline"] = (now + timedelta(seconds=limit_s)).isoformat()
-            handle["limit_s"] = limit_s
-        try:
-            job = self.tracker.move(
-                job.id,
-                JobState.STARTING,
-                expect=JobState.QUEUED,
-                placement=placement,
-                started_at=now,
-                last_activity_at=now,
-                handle=handle,
-                reason=waiting.placed(placement, others),
-            )
-        except ConflictError:
-            return  # cancelled or changed since this pass read the queue: the next pass sees it
-        await self.launcher.launch(job)
+        await self.launcher.place(job, reply, node, _runtime_limit(job, active))
 
     def _set_reason(self, job: Job, reason: str | None) -> None:
         """Record why a queued job waits (and why it was requeued); only when that changes."""
