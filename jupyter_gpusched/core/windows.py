@@ -35,6 +35,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from . import api
+from .limits import LimitPolicy, UserLimits, describe, limits_view
 from .units import format_duration_s
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -148,6 +149,8 @@ class PolicyConfig:
     default_runtime_s: float = 4 * 3600.0
     # Percentile of a user's past runtimes used as the estimate (0-100).
     runtime_percentile: float = 90.0
+    # Per-user and per-group limits (:mod:`.limits`); none by default.
+    limits: LimitPolicy = LimitPolicy()
 
     def __post_init__(self) -> None:
         try:
@@ -357,19 +360,28 @@ def rule_values(w: Window) -> dict[str, Any]:
 _WHEN_FIELDS = ("name", "days", "start", "end")
 
 
-def policy_view(config: PolicyConfig, now: datetime) -> api.PolicyView:
-    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it."""
+def policy_view(
+    config: PolicyConfig, now: datetime, mine: UserLimits | None = None
+) -> api.PolicyView:
+    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it.
+
+    ``mine``: the caller's limits, when a caller asks (the API).
+    """
     return api.PolicyView(
         at=_aware(now),
         timezone=config.timezone,
         local_time=_fmt_local(now, config.tz),
         window=window_view(resolve_window(config, now)),
-        explanation=explain(config, now),
+        limits=limits_view(config.limits, mine),
+        explanation=explain(config, now, mine),
     )
 
 
-def explain(config: PolicyConfig, now: datetime) -> str:
-    """Which window holds at ``now`` and why, its rules, and the next change (multi-line)."""
+def explain(config: PolicyConfig, now: datetime, mine: UserLimits | None = None) -> str:
+    """Which window holds at ``now`` and why, its rules, the limits, the next change.
+
+    Multi-line; ``mine``: the caller's limits, shown too.
+    """
     tz = config.tz
     active = resolve_window(config, now)
     w = active.window
@@ -396,6 +408,8 @@ def explain(config: PolicyConfig, now: datetime) -> str:
     lines.append(
         f"  - fair share: usage half-life {format_duration_s(config.fairshare_half_life_s)}"
     )
+    head, *more = describe(config.limits, mine)
+    lines += [f"  - {head}", *(f"      {line}" for line in more)]
     if active.until is None:
         lines.append("next change: none (this window is always in force)")
     else:

@@ -72,7 +72,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     scheduler = app.scheduler_class(
         store=Store(app.store_url, clock=clock),
         backend=backend,
-        policy=GpuSchedPolicy(parent=app).to_policy_config(),
+        policy=GpuSchedPolicy(parent=app).to_policy_config(service=app.mode == "service"),
         clock=clock,
         packer_policy=app.packer_policy,
         tick_interval_s=app.tick_interval_s,
