@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .errors import InvalidSpecError
+from .limits import PolicyLimits
 from .models import (
     Job,
     JobKind,
@@ -301,35 +302,6 @@ class Cluster(Body):
     window: Window
     queue: QueueCounts
     at: datetime
-
-
-class LimitValues(Body):
-    """One user's limits (``GpuSchedPolicy.limits`` keys); null = unlimited."""
-
-    queued_jobs: int | None
-    running_jobs: int | None
-    array_size: int | None
-    leases: int | None
-    streams: int | None
-    upload_bytes: int | None
-    submits_per_s: float | None
-    submit_burst: int | None
-
-
-class PolicyLimits(Body):
-    """The per-user limits: everyone's, the groups' and admins' overrides, and the caller's."""
-
-    everyone: LimitValues
-    groups: dict[str, dict[str, float | None]] = Field(
-        description="group -> the keys it sets (null: unlimited)"
-    )
-    admins: dict[str, float | None] = Field(description="the keys set for the queue's admins")
-    users_with_own: int = Field(description="how many users have limits of their own")
-    yours: LimitValues | None = Field(description="the caller's (null outside a request)")
-    your_groups: list[str] = Field(description="the caller's groups that limits know of")
-    your_sources: dict[str, str] = Field(
-        description="limit key -> the setting that gives the caller's value"
-    )
 
 
 class PolicyView(Body):

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from . import api
+from pydantic import BaseModel, ConfigDict, Field
+
 from .units import format_size_bytes
 
 #: The limits, in the order they are shown.
@@ -324,17 +325,57 @@ def describe(policy: LimitPolicy, mine: UserLimits | None = None) -> list[str]:
     return lines
 
 
-def _values(limits: Limits) -> api.LimitValues:
+# --------------------------------------------------------------------------------------------
+# As the API shows them (``GET policy``; part of :class:`.api.PolicyView`)
+
+#: Response bodies send every field (required in the schema), as :class:`.api.Body` does.
+_ALWAYS_SENT = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class LimitValues(BaseModel):
+    """One user's limits (``GpuSchedPolicy.limits`` keys); null = unlimited."""
+
+    model_config = _ALWAYS_SENT
+
+    queued_jobs: int | None
+    running_jobs: int | None
+    array_size: int | None
+    leases: int | None
+    streams: int | None
+    upload_bytes: int | None
+    submits_per_s: float | None
+    submit_burst: int | None
+
+
+class PolicyLimits(BaseModel):
+    """The per-user limits: everyone's, the groups' and admins' overrides, and the caller's."""
+
+    model_config = _ALWAYS_SENT
+
+    everyone: LimitValues
+    groups: dict[str, dict[str, float | None]] = Field(
+        description="group -> the keys it sets (null: unlimited)"
+    )
+    admins: dict[str, float | None] = Field(description="the keys set for the queue's admins")
+    users_with_own: int = Field(description="how many users have limits of their own")
+    yours: LimitValues | None = Field(description="the caller's (null outside a request)")
+    your_groups: list[str] = Field(description="the caller's groups that limits know of")
+    your_sources: dict[str, str] = Field(
+        description="limit key -> the setting that gives the caller's value"
+    )
+
+
+def _values(limits: Limits) -> LimitValues:
     values: dict[str, float | None] = {}
     for key in LIMIT_KEYS:
         value = getattr(limits, key)
         values[key] = value if value is None or key == "submits_per_s" else int(value)
-    return api.LimitValues(**values)
+    return LimitValues(**values)
 
 
-def limits_view(policy: LimitPolicy, mine: UserLimits | None = None) -> api.PolicyLimits:
+def limits_view(policy: LimitPolicy, mine: UserLimits | None = None) -> PolicyLimits:
     """The limits as the API shows them; ``mine``: the caller's, when a caller asks."""
-    return api.PolicyLimits(
+    return PolicyLimits(
         everyone=_values(policy.everyone),
         groups={g: dict(o) for g, o in sorted(policy.groups.items())},
         admins=dict(policy.admins),
