@@ -6,6 +6,8 @@ in ``tests/inproc/test_limits.py``; the lab-wide service's defaults in ``tests/t
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from jupyter_gpusched.core.models import JobState
 from jupyter_gpusched.core.policy import AdmissionContext, add_to_context, admit
 from jupyter_gpusched.core.windows import DEFAULT_WINDOWS, PolicyConfig, explain
 from jupyter_gpusched.server.config import GpuSchedPolicy
+from jupyter_gpusched.server.userlimits import UploadLedger
 
 DAY = DEFAULT_WINDOWS[0]
 
@@ -150,3 +153,22 @@ def test_the_explanation_lists_the_limits_and_the_callers_own() -> None:
         "      yours (bob in nlp): queued jobs 10,000, running jobs 1,000,"
     ) in text
     assert "limits per user: none" in explain(GpuSchedPolicy().to_policy_config(), T0)
+
+
+def test_uploads_of_ended_jobs_go_unless_a_live_job_names_them(tmp_path: Path) -> None:
+    ledger = UploadLedger(str(tmp_path), grace_s=3600)
+    folder = Path(ledger.folder("alice"))
+    array, single, stray = (folder / name for name in ("a1", "s1", "x1"))
+    for request in (array, single, stray):
+        request.mkdir(parents=True)
+        (request / "data.bin").write_bytes(b"x" * 100)
+    assert ledger.held("alice") == 300
+    # an array's tasks share their request's files: one task ended, another still queued
+    live = [str(array / "data.bin")]
+    assert ledger.release("alice", {str(array), str(single)}, live) == 100
+    assert sorted(os.listdir(folder)) == ["a1", "x1"]
+    # a directory no job names is swept only after its grace (its request may be under way)
+    assert ledger.sweep("alice", live) == 0
+    ledger.answered.add(str(stray))  # ... unless this server answered its request already
+    assert ledger.sweep("alice", live) == 100
+    assert (sorted(os.listdir(folder)), ledger.held("alice")) == (["a1"], 100)

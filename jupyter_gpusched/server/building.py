@@ -85,6 +85,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     )
     for plugin in app.plugin_modules():
         plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
+    app.settings["gpusched_gate"].watch(scheduler)  # uploads of ended jobs are removed
     if "leases" in app.plugins:
         from jupyter_gpusched.leases.bridge import bridge_for
 

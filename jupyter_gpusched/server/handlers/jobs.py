@@ -24,12 +24,8 @@ from jupyter_gpusched.core.api import (
     LeaseList,
     parse_body,
 )
-from jupyter_gpusched.core.errors import (
-    ForbiddenError,
-    InvalidSpecError,
-    NotFoundError,
-    TooManyError,
-)
+from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.limits import refusal
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
 
@@ -78,6 +74,7 @@ class JobsHandler(ApiHandler):
         """
         sched = await self.scheduler()
         body = self.json_body()
+        self._check_limits(sched, body)
         if isinstance(body, list):
             self._post_many(sched, body)
             return
@@ -93,6 +90,31 @@ class JobsHandler(ApiHandler):
                 "array", f"must be a whole number of tasks from 1 to {MAX_ARRAY}, got {count!r}"
             )
         self._write_array(sched, sched.submit_many([spec] * count))
+
+    def _check_limits(self, sched: Any, body: Any) -> None:
+        """The caller's limits, before anything is written: rate, bulk size, room in the queue.
+
+        A bulk submit counts every job it queues; its size is the request's own fault (422),
+        the rest passes with time (429).
+        """
+        mine = self.caller_limits(sched)
+        if mine.limits.off:
+            return
+        self.gate.take_submit(mine)
+        items = body if isinstance(body, list) else [body]
+        count = len(body) if isinstance(body, list) else 1
+        if isinstance(body, dict) and "array" in body:
+            array = body["array"]
+            if isinstance(array, int) and not isinstance(array, bool) and array > 0:
+                count = array
+        most = mine.limits.array_size
+        if most is not None and count > most and count > 1:
+            field = "body" if isinstance(body, list) else "array"
+            raise InvalidSpecError(field, refusal(mine, "array_size", 0, count))
+        leases = sum(
+            1 for item in items if isinstance(item, dict) and item.get("kind") == "lease"
+        ) * (count if isinstance(body, dict) else 1)
+        sched.check_room(mine, jobs=count, leases=leases)
 
     def _post_many(self, sched: Any, body: list[Any]) -> None:
         if not 1 <= len(body) <= MAX_ARRAY:
@@ -166,7 +188,7 @@ class LogHandler(ApiHandler):
 
     A follow holds an SSH channel on the job's node for as long as it lasts, so it stops as
     soon as its client goes (even while the job writes nothing), and each user holds at most
-    ``GpuSchedApp.max_follows_per_user`` at once.
+    ``GpuSchedApp.max_follows_per_user`` at once (and counts against the policy's ``streams``).
     """
 
     _follow: asyncio.Task[None] | None = None
@@ -193,15 +215,7 @@ class LogHandler(ApiHandler):
             self.set_header("X-Log-Offset", str(offset + len(data)))
             self.finish(data, set_content_type="text/plain; charset=utf-8")
             return
-        follows: dict[str, int] = self.settings.setdefault("gpusched_follows", {})
-        limit = int(self.settings.get("gpusched_max_follows", 4))
-        user = self.username
-        if follows.get(user, 0) >= limit:
-            raise TooManyError(
-                f"{user} already follows {limit} logs (GpuSchedApp.max_follows_per_user); "
-                "close one, or read with offset and limit"
-            )
-        follows[user] = follows.get(user, 0) + 1
+        close = self.gate.open_stream(self.caller_limits(sched), follow=True)  # or 429
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
         try:
             await self._follow
@@ -212,7 +226,7 @@ class LogHandler(ApiHandler):
                 raise
             return
         finally:
-            follows[user] -= 1
+            close()
         self.finish(set_content_type="text/plain; charset=utf-8")
 
     async def _pump(self, sched: Any, job_id: int, offset: int) -> None:

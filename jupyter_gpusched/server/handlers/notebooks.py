@@ -60,11 +60,18 @@ class _NotebookApi(ApiHandler):
         """
         plugin = await self.plugin()
         body = self.json_body()
+        mine = self.caller_limits(plugin.scheduler)
+        if not mine.limits.off:
+            self.gate.take_submit(mine)
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         root = self.notebook_root(self.username)
         if isinstance(body, dict) and "content" in body:
             content = body.pop("content")
+            if self.mode == "service":  # kept in the service's files: counts as uploaded
+                size = len(self.request.body)
+                self.gate.uploads.check(mine, size, lambda: self.live_files(mine.user))
+                self.gate.uploads.added(self.username, size)
             store_notebook(content, str(body.get("notebook") or ""), root)
         elif self.mode == "service":
             raise InvalidSpecError(
@@ -91,7 +98,10 @@ class NotebooksHandler(_NotebookApi):
     async def post(self) -> None:
         """Queue the job (``at``: now/tonight/window/ISO) or store a definition (cron)."""
         plugin = await self.plugin()
-        job, definition = plugin.submit(await self.submission(recurring=None))
+        submission = await self.submission(recurring=None)
+        if submission.schedule is None:  # a job now or later, not a definition
+            plugin.scheduler.check_room(self.caller_limits(plugin.scheduler), jobs=1)
+        job, definition = plugin.submit(submission)
         if job is not None:
             where = url_path_join(self.base_url, API, "jobs", str(job.id))
         else:
