@@ -37,6 +37,8 @@ from referencing.jsonschema import DRAFT202012
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from traitlets.config import Config
 
+from jupyter_gpusched.server.auth import GpuSchedUser
+
 #: A start time far enough ahead that the job never starts in a test, inside the servers'
 #: default not_before horizon (GpuSchedPolicy.max_not_before_s, a year).
 FAR_FUTURE = (datetime.now(UTC) + timedelta(days=300)).replace(microsecond=0).isoformat()
@@ -60,6 +62,7 @@ def conforms(body: Any, schema: str) -> Any:
 
 
 TOKEN_USER_HEADER = "X-Test-User"
+TOKEN_GROUPS_HEADER = "X-Test-Groups"
 TEST_NODES = [
     {
         "name": "g0",
@@ -74,9 +77,10 @@ TEST_NODES = [
 
 
 class HeaderIdentityProvider(IdentityProvider):
-    """Token auth as usual; the user's name comes from a header, as a hub would say it.
+    """Token auth as usual; the user's name (and groups) come from headers, as a hub would say.
 
-    Requests without the header are ``alice``.
+    Requests without the header are ``alice``; ``X-Test-Groups: a,b`` puts them in groups, as
+    JupyterHub's user model does; admins are the server's ``admin_users``.
     """
 
     async def get_user(self, handler: Any) -> User | None:  # type: ignore[override]
@@ -84,7 +88,12 @@ class HeaderIdentityProvider(IdentityProvider):
         if user is None:
             return None
         name = handler.request.headers.get(TOKEN_USER_HEADER, "alice")
-        return User(username=name, name=name, display_name=name)
+        groups = tuple(
+            g for g in handler.request.headers.get(TOKEN_GROUPS_HEADER, "").split(",") if g
+        )
+        return GpuSchedUser(
+            username=name, name=name, display_name=name, gpusched_admin=None, groups=groups
+        )
 
 
 def extension_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
@@ -235,7 +244,14 @@ def own_jupyter_env(root: Path) -> dict[str, str]:
 class ServerProcess:
     """``jupyter server`` in a subprocess with our extension, on its own Jupyter dirs."""
 
-    def __init__(self, root: Path, *, token: str = "test-token", **overrides: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        token: str = "test-token",
+        policy: dict[str, Any] | None = None,
+        **overrides: Any,
+    ) -> None:
         self.root = root
         self.token = token
         self.port = _free_port()
@@ -261,6 +277,7 @@ class ServerProcess:
             },
             "IdentityProvider": {"token": token},
             "GpuSchedApp": extension_config(root, **overrides),
+            "GpuSchedPolicy": policy or {},
         }
         (root / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None

@@ -42,8 +42,12 @@ class ServiceProcess:
         if store_url:
             gpusched["store_url"] = store_url
         config: dict[str, Any] = {
-            # no day/night surprises unless asked for
-            "GpuSchedPolicy": policy or {"windows": [{"name": "all"}]},
+            # no day/night surprises unless asked for; the per-user limits are the service's
+            # defaults, but the harness's admin submits loads in loops on purpose
+            "GpuSchedPolicy": {
+                "admin_limits": {"submits_per_s": None, "queued_jobs": None},
+                **(policy or {"windows": [{"name": "all"}]}),
+            },
             "GpuSchedService": {
                 "port": self.port,
                 "allow_root": True,

@@ -22,9 +22,13 @@ import pytest
 
 pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
-from _fixtures_server import extension_config  # noqa: E402
+from _fixtures_server import FAR_FUTURE, extension_config  # noqa: E402
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402
-from _lab_scenarios import definition_outlives_its_owners_server, one_queue  # noqa: E402
+from _lab_scenarios import (  # noqa: E402
+    definition_outlives_its_owners_server,
+    one_queue,
+    status_of,
+)
 
 __all__ = ["hub_factory", "unix_users", "user_python"]  # fixtures
 
@@ -105,7 +109,11 @@ def lab(
     root = tmp_path_factory.mktemp("hub-service")
     config = {
         "GpuSchedApp": extension_config(root),
-        "GpuSchedPolicy": {"windows": [{"name": "all"}]},
+        # bob is in the Hub's group 'gpu-small', whose members may submit arrays of 2 at most
+        "GpuSchedPolicy": {
+            "windows": [{"name": "all"}],
+            "group_limits": {"gpu-small": {"array_size": 2}},
+        },
         "GpuSchedService": {"allow_root": True, "data_dir": str(root / "service-data")},
         "HubIdentityProvider": {"cache_s": 2},
     }
@@ -116,7 +124,8 @@ def lab(
     command = [sys.executable, "-m", "jupyter_gpusched.cli.app", "service",
                f"--config={root / 'service_config.json'}"]  # fmt: skip
     service = ServiceSpec("gpusched", command, environment={**env, "PATH": os.environ["PATH"]})
-    hub = hub_factory(service=service, admins=["carol"])
+    groups = {"JupyterHub": {"load_groups": {"gpu-small": {"users": ["bob"]}}}}
+    hub = hub_factory(service=service, admins=["carol"], hub_config=groups)
     hub.start_servers("alice", "bob")
     try:
         yield HubLab(hub, unix_users, user_python)
@@ -142,3 +151,15 @@ def test_one_queue_under_the_hub_fair_and_owned(lab: HubLab) -> None:
 
 def test_a_definition_outlives_its_owners_stopped_server_under_the_hub(lab: HubLab) -> None:
     definition_outlives_its_owners_server(lab)
+
+
+def test_the_hubs_groups_set_their_members_limits(lab: HubLab) -> None:
+    far = FAR_FUTURE
+    three = {"kind": "script", "command": ["true"], "gpus": 0, "array": 3, "not_before": far}
+    code, body = status_of(lab, "bob", "POST", "jobs", three)  # through bob's own server
+    assert code == 422 and body["field"] == "array"
+    assert "the limit (GpuSchedPolicy.group_limits['gpu-small'] array_size) is 2" in body["message"]
+    assert lab.call("bob", "GET", "policy")["limits"]["your_groups"] == ["gpu-small"]
+    queued = lab.call("alice", "POST", "jobs", three)  # not in the group
+    for job in queued["jobs"]:
+        lab.call("alice", "DELETE", f"jobs/{job['id']}")

@@ -72,6 +72,24 @@ def test_the_readme_service_and_client_configs_load_into_the_traits() -> None:
     )
 
 
+def test_the_readme_limits_config_loads_and_its_table_gives_the_service_defaults() -> None:
+    from jupyter_gpusched.core.limits import SERVICE_LIMITS, format_value
+
+    block = _lab_wide_blocks()[3]
+    c = Config()
+    exec(block, {"c": c})  # noqa: S102 - our own README
+    limits = GpuSchedPolicy(config=c).to_policy_config(service=True).limits
+    assert (limits.everyone.queued_jobs, limits.everyone.upload_bytes) == (2000, 4 << 30)
+    assert limits.for_user("bob").limits.running_jobs == 1000  # in nlp by user_groups
+    assert limits.for_user("carol", admin=True).limits.submits_per_s is None
+    assert limits.for_user("alice").limits.queued_jobs == 50_000
+    section = README.read_text(encoding="utf-8").split("## A lab-wide queue", 1)[1]
+    for key in ("queued_jobs", "running_jobs", "array_size", "leases", "streams"):
+        assert f"| `{key}` | {format_value(key, getattr(SERVICE_LIMITS, key))} |" in section
+    assert "| `upload_bytes` | 2G |" in section
+    assert f"| `submits_per_s`, `submit_burst` | {SERVICE_LIMITS.submits_per_s:g}, " in section
+
+
 def test_the_readme_slurm_config_selects_and_configures_the_slurm_backend() -> None:
     from jupyter_gpusched.cluster.slurm import SlurmBackend
     from jupyter_gpusched.core.clock import SystemClock

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _fixtures_live_server import api, execute, notebook, text
-from _fixtures_server import ServerProcess
+from _fixtures_server import FAR_FUTURE, ServerProcess
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import (
     definition_outlives_its_owners_server,
@@ -69,7 +69,9 @@ class TokenLab:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenLab]:
     root = tmp_path_factory.mktemp("lab")
-    service = ServiceProcess(root / "service").start()
+    # the service's default limits, but bob may hold 2 streams (so a test can fill them)
+    policy = {"windows": [{"name": "all"}], "user_limits": {"bob": {"streams": 2}}}
+    service = ServiceProcess(root / "service", policy=policy).start()
     servers = {
         user: client_server(root / user, service, service.mint(user)).start()
         for user in ("alice", "bob")
@@ -165,3 +167,65 @@ def _open_follow(server: ServerProcess, job_id: int) -> tuple[str, socket.socket
         f"Authorization: token {server.token}\r\n\r\n".encode()
     )
     return sock.makefile("rb").readline().decode().split()[1], sock
+
+
+FAR = FAR_FUTURE
+
+
+def test_the_service_limits_each_user_by_default_and_a_429_reaches_their_server(
+    lab: TokenLab,
+) -> None:
+    view = lab.call("alice", "GET", "policy")
+    assert view["limits"]["everyone"] == {
+        "queued_jobs": 10_000, "running_jobs": 500, "array_size": 10_000, "leases": 4,
+        "streams": 16, "upload_bytes": 2 << 30, "submits_per_s": 20.0, "submit_burst": 100,
+    }  # fmt: skip
+    assert view["limits"]["yours"]["streams"] == 16
+    lease = {"kind": "lease", "gpus": 1, "not_before": FAR}  # queued for months: no kernel
+    held = [lab.call("alice", "POST", "jobs", lease)["id"] for _ in range(4)]
+    alice = lab.servers["alice"]
+    req = urllib.request.Request(
+        alice.url + "gpusched/api/jobs",
+        data=json.dumps(lease).encode(),
+        method="POST",
+        headers={"Authorization": f"token {alice.token}", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info, urllib.request.urlopen(req, timeout=30):
+        pass
+    with info.value as refused:
+        body, retry = json.loads(refused.read()), refused.headers["Retry-After"]
+    assert (refused.code, retry) == (429, "30")
+    assert body["message"] == (
+        "alice holds 4 leases (queued or running), the limit (GpuSchedPolicy.limits leases) is "
+        "4: release one (%gpu release, or shut down a GPU kernel)"
+    )
+    assert lab.call("bob", "POST", "jobs", lease)["user"] == "bob"  # hers are hers alone
+    for job_id in held:
+        lab.call("alice", "DELETE", f"jobs/{job_id}")
+
+
+def test_a_stream_past_the_users_limit_is_refused_through_their_server(lab: TokenLab) -> None:
+    bob = lab.servers["bob"]
+    url = bob.url.replace("http", "ws") + "gpusched/api/events?after=-1"
+
+    async def third_stream() -> httpclient.HTTPClientError:
+        def connect() -> Any:
+            req = httpclient.HTTPRequest(url, headers={"Authorization": f"token {bob.token}"})
+            return websocket.websocket_connect(req)
+
+        held = [await connect(), await connect()]
+        try:
+            with pytest.raises(httpclient.HTTPClientError) as info:
+                await connect()
+            return info.value
+        finally:
+            for conn in held:
+                conn.close()
+
+    refused = IOLoop.current().run_sync(third_stream, timeout=30)
+    assert refused.code == 429 and refused.response is not None
+    assert refused.response.headers["Retry-After"] == "10"
+    assert json.loads(refused.response.body)["message"].startswith(
+        "bob has 2 streams open (event websockets and log follows), the limit "
+        "(GpuSchedPolicy.user_limits['bob'] streams) is 2"
+    )

@@ -19,7 +19,9 @@ import pytest
 from _fixtures_scheduler import MONDAY_9AM, SATURDAY_NIGHT, Harness, memory_scheduler
 from test_scheduler import fragment
 
+from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.errors import InfeasibleError
+from jupyter_gpusched.core.limits import LimitPolicy
 from jupyter_gpusched.core.models import JobState, parse_spec
 from jupyter_gpusched.scheduling import waiting
 
@@ -76,9 +78,10 @@ async def busy_lab(
     waiting: int,
     start: datetime = SATURDAY_NIGHT,
     used_s: float = 0.0,
+    config: windows.PolicyConfig | None = None,
 ) -> AsyncIterator[tuple[Harness, Weighed]]:
     """A scheduler at ``start`` with a :func:`busy_queue`, and what its passes weigh next."""
-    async with memory_scheduler(tmp_path, start=start) as h:
+    async with memory_scheduler(tmp_path, start=start, config=config) as h:
         await busy_queue(h, waiting, used_s)
         yield h, Weighed(h, monkeypatch)
 
@@ -203,12 +206,28 @@ async def test_a_change_besides_submissions_asks_for_a_full_pass(
         assert weighed.full == 2
 
 
-@pytest.mark.parametrize("start", [SATURDAY_NIGHT, MONDAY_9AM], ids=["night", "day"])
+#: bob may run 1 job at once, carol 2 as a member of 'big' (which her requests said).
+LIMITED = windows.PolicyConfig(
+    limits=LimitPolicy(users={"bob": {"running_jobs": 1}}, groups={"big": {"running_jobs": 2}})
+)
+
+
+@pytest.mark.parametrize(
+    ("start", "config"),
+    [(SATURDAY_NIGHT, None), (MONDAY_9AM, None), (SATURDAY_NIGHT, LIMITED)],
+    ids=["night", "day", "running-limits"],
+)
 async def test_short_passes_leave_every_job_as_a_full_pass_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: datetime
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start: datetime,
+    config: windows.PolicyConfig | None,
 ) -> None:
     rng = random.Random(19)
-    async with busy_lab(tmp_path, monkeypatch, waiting=5, start=start) as (h, weighed):
+    lab = busy_lab(tmp_path, monkeypatch, waiting=5, start=start, config=config)
+    async with lab as (h, weighed):
+        if config is not None:
+            h.sched.callers["carol"] = (frozenset({"big"}), False)
         short = 0
         for _ in range(25):
             for _ in range(rng.randint(1, 4)):
@@ -233,6 +252,10 @@ async def test_short_passes_leave_every_job_as_a_full_pass_would(
             await h.sched.tick(upkeep=False)
             assert outcome(h) == after_short
         assert short >= 5  # the short pass was tried, not always given up
+        if config is not None:  # and the running jobs' limits were among its answers
+            reasons = {reason or "" for _, reason, _ in outcome(h).values()}
+            assert "waiting: limit (bob runs 1 of 1 jobs)" in reasons, reasons
+            assert "waiting: limit (carol runs 1 of 1 jobs)" not in reasons  # she is in 'big'
 
 
 async def test_a_group_committed_submit_wakes_a_short_pass(

@@ -3,7 +3,9 @@
 The policy is configured for the server (``c.GpuSchedPolicy...`` in
 ``jupyter_server_config``), so this command reads those files as well as its own;
 ``--config FILE`` reads that one file instead, and ``--GpuSchedPolicy.timezone=...`` on the
-command line overrides both.
+command line overrides both. ``--service`` explains them as the lab-wide service applies them
+(per-user limits on by default); ``--server`` asks the running server instead, which in client
+mode asks the lab's service, and shows the caller's own limits too.
 """
 
 from __future__ import annotations
@@ -84,11 +86,29 @@ class PolicyApp(GpuSchedCommand):
 
     at = Unicode("now", help=f"The instant to explain: {_AT_HELP}.").tag(config=True)
     json = Bool(False, help="Print JSON instead of text.").tag(config=True)
+    service = Bool(
+        False,
+        help="Explain the configuration as the lab-wide service applies it (with "
+        "GpuSchedPolicy.limit_defaults 'auto', its per-user limits are on there).",
+    ).tag(config=True)
+    server = Bool(
+        False,
+        help="Ask the running server (in client mode: the lab's service) what it applies, "
+        "your own limits included, instead of reading the configuration here.",
+    ).tag(config=True)
 
     aliases = {**GpuSchedCommand.aliases, "at": "PolicyApp.at"}
     flags = {
         **GpuSchedCommand.flags,
         "json": ({"PolicyApp": {"json": True}}, "Print JSON instead of text."),
+        "service": (
+            {"PolicyApp": {"service": True}},
+            "Explain the configuration as the lab-wide service applies it.",
+        ),
+        "server": (
+            {"PolicyApp": {"server": True}},
+            "Ask the running server (or the lab's service) what it applies, your limits too.",
+        ),
     }
     #: The instant "now" means (tests fix it); None = the wall clock.
     now: datetime | None = None
@@ -103,7 +123,7 @@ class PolicyApp(GpuSchedCommand):
         """The policy (config) and the time are read before anything is printed."""
         self.positional("", at_most=0)
         try:
-            self.policy = GpuSchedPolicy(parent=self).to_policy_config()
+            self.policy = GpuSchedPolicy(parent=self).to_policy_config(service=self.service)
         except (TraitError, ValueError) as exc:
             raise UsageError(f"bad configuration: {exc}") from None
         try:
@@ -113,7 +133,10 @@ class PolicyApp(GpuSchedCommand):
 
     def run(self) -> int:
         """Print the explanation (or the API's JSON)."""
-        view = policy_view(self.policy, self.when)
+        if self.server:
+            view = self.client().policy(at=self.when.isoformat())
+        else:
+            view = policy_view(self.policy, self.when)
         print(view.model_dump_json(indent=2) if self.json else view.explanation)
         return 0
 

@@ -50,15 +50,26 @@ API = "gpusched/api/"
 
 
 class ApiError(GpuSchedError):
-    """The server answered an error; ``error``, ``message`` and ``field`` come from its body."""
+    """The server answered an error; ``error``, ``message`` and ``field`` come from its body.
+
+    ``retry_after_s``: when the server said to try again (``Retry-After`` of a 429 over a
+    limit, or a 503); the client never repeats a request by itself.
+    """
 
     def __init__(
-        self, status: int, message: str, *, error: str = "HTTPError", field: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        error: str = "HTTPError",
+        field: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.error = error
         self.field = field
+        self.retry_after_s = retry_after_s
 
 
 class ServerNotFoundError(GpuSchedError):
@@ -295,7 +306,7 @@ class GpuSchedClient:
 
     async def events(self, *, after: int = 0) -> AsyncIterator[EventMessage]:
         """Scheduler events over the websocket, replaying stored ones newer than ``after``."""
-        from tornado.httpclient import HTTPRequest
+        from tornado.httpclient import HTTPClientError, HTTPRequest
         from tornado.websocket import websocket_connect
 
         ws_url = (
@@ -305,7 +316,14 @@ class GpuSchedClient:
             + "events?"
             + urllib.parse.urlencode({"after": after})
         )
-        conn = await websocket_connect(HTTPRequest(ws_url, headers=self._headers()))
+        try:
+            conn = await websocket_connect(HTTPRequest(ws_url, headers=self._headers()))
+        except HTTPClientError as err:  # refused before the upgrade (a 429 over the streams)
+            if err.response is None:
+                raise
+            headers = {k.lower(): v for k, v in err.response.headers.get_all()}
+            answer = transport.Answer(err.code, err.message or "", headers, err.response.body)
+            raise _api_error(answer) from None
         try:
             while (message := await conn.read_message()) is not None:
                 yield EventMessage.model_validate_json(message)
@@ -387,8 +405,9 @@ class GpuSchedClient:
             return urllib.request.build_opener().open(req)  # the environment's proxies now
         except urllib.error.HTTPError as err:
             with err:  # it holds the response (and its socket): read the body, then close
+                headers = {k.lower(): v for k, v in err.headers.items()}
                 raise _api_error(
-                    transport.Answer(err.code, str(err.reason), {}, err.read())
+                    transport.Answer(err.code, str(err.reason), headers, err.read())
                 ) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
@@ -399,6 +418,9 @@ class GpuSchedClient:
 
 
 def _api_error(answer: transport.Answer) -> ApiError:
+    retry_s = None
+    with contextlib.suppress(ValueError, TypeError):
+        retry_s = float(answer.headers["retry-after"]) if "retry-after" in answer.headers else None
     try:
         body = json.loads(answer.body)
         return ApiError(
@@ -406,9 +428,12 @@ def _api_error(answer: transport.Answer) -> ApiError:
             str(body["message"]),
             error=str(body.get("error", "")),
             field=body.get("field"),
+            retry_after_s=retry_s,
         )
     except (ValueError, KeyError, TypeError):
-        return ApiError(answer.status, f"HTTP {answer.status} {answer.reason}")
+        return ApiError(
+            answer.status, f"HTTP {answer.status} {answer.reason}", retry_after_s=retry_s
+        )
 
 
 def _slash(url: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import ipywidgets as widgets
 from traitlets import Bool, Dict, Int, List, Unicode, observe
 
+from jupyter_gpusched.client.api import ApiError
 from jupyter_gpusched.core.api import Cluster, EventMessage, Gpu, JobView, Node
 from jupyter_gpusched.core.figures import (
     eta_label,
@@ -251,6 +252,9 @@ class ClusterMap(widgets.VBox):
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect after any failure
                 self.error = f"events connection lost ({exc}); reconnecting"
+                if isinstance(exc, ApiError) and exc.status == 429:  # over the user's streams
+                    self.error = f"live updates refused: {exc.message}"
+                    backoff_s = max(backoff_s, exc.retry_after_s or 0.0)
             self.connected = False
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, 30.0)

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .errors import InvalidSpecError
+from .limits import PolicyLimits
 from .models import (
     MAX_RUNTIME_S,
     Job,
@@ -316,6 +317,7 @@ class PolicyView(Body):
     timezone: str
     local_time: str
     window: Window
+    limits: PolicyLimits
     explanation: str = Field(description="multi-line, for people")
 
 

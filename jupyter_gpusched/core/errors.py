@@ -65,9 +65,17 @@ class IllegalTransitionError(ConflictError):
 
 
 class TooManyError(GpuSchedError):
-    """The user holds as many of something (log follows) as one user may at once."""
+    """The user holds (or sends) as much of something as one user may: a limit of the policy.
+
+    The message names the limit and the user's count; ``retry_after_s`` is when trying again
+    may help (the ``Retry-After`` header).
+    """
 
     status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class InfeasibleError(GpuSchedError):

@@ -15,6 +15,7 @@ from datetime import datetime, time
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
+from .limits import LimitPolicy, running_reason
 from .models import ARRAY_BEING_QUEUED, Job, JobState, PriorityClass
 from .units import format_duration_s
 from .windows import PolicyConfig, Quota, Window, _aware, _num, local_boundary
@@ -181,6 +182,12 @@ class AdmissionContext:
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     # Quota of users not in quotas.
     default_quota: Quota = Quota()
+    # Jobs each user has starting or running (for the running_jobs limit).
+    user_jobs: Mapping[str, int] = field(default_factory=dict)
+    # The per-user limits (:mod:`.limits`); only running_jobs is admission's.
+    limits: LimitPolicy = LimitPolicy()
+    # Who the users are, for their limits: user -> (groups, admin); others: no groups.
+    callers: Mapping[str, tuple[frozenset[str], bool]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -192,16 +199,19 @@ class AdmissionContext:
         total_gpus: float,
         running: Iterable[Job],
         hours_today: Mapping[str, float],
+        callers: Mapping[str, tuple[frozenset[str], bool]] | None = None,
     ) -> AdmissionContext:
         """Count what running jobs hold.
 
         ``hours_today``: each user's GPU-hours since local midnight (:func:`gpu_hours_today`,
-        or what :class:`~.usage.UsageTally` keeps across passes).
+        or what :class:`~.usage.UsageTally` keeps across passes). ``callers``: who users are,
+        as their requests said (their limits may depend on it).
         """
         ctx = cls(
             window=window, now=_aware(now), total_gpus=total_gpus, timezone=config.timezone,
             user_gpu_hours_today=dict(hours_today),
             quotas=dict(config.quotas), default_quota=config.default_quota,
+            limits=config.limits, callers=dict(callers or {}),
         )  # fmt: skip
         for job in running:
             ctx = add_to_context(ctx, job)
@@ -211,6 +221,14 @@ class AdmissionContext:
         """The quota that applies to ``user``."""
         return self.quotas.get(user, self.default_quota)
 
+    def running_limit(self, user: str) -> int | None:
+        """How many jobs ``user`` may have starting or running at once; None = no limit."""
+        if self.limits.off:
+            return None
+        groups, admin = self.callers.get(user, (frozenset(), False))
+        limit = self.limits.for_user(user, groups, admin).limits.running_jobs
+        return None if limit is None else int(limit)
+
 
 def add_to_context(ctx: AdmissionContext, job: Job) -> AdmissionContext:
     """``ctx`` with ``job`` counted as holding its GPUs (after the scheduler starts it)."""
@@ -218,11 +236,14 @@ def add_to_context(ctx: AdmissionContext, job: Job) -> AdmissionContext:
     interactive = job.spec.priority_class is PriorityClass.INTERACTIVE
     users = dict(ctx.user_gpus)
     users[job.user] = users.get(job.user, 0.0) + gpus
+    counts = dict(ctx.user_jobs)
+    counts[job.user] = counts.get(job.user, 0) + 1
     return replace(
         ctx,
         interactive_gpus=ctx.interactive_gpus + (gpus if interactive else 0.0),
         batch_gpus=ctx.batch_gpus + (0.0 if interactive else gpus),
         user_gpus=users,
+        user_jobs=counts,
     )
 
 
@@ -236,7 +257,7 @@ class Admission:
     reason: str | None = None
     # Stop the job after this long (the window's batch limit or its declared runtime).
     runtime_limit_s: float | None = None
-    # What holds it back: "held", "not_before", "quota" or "window" (None when ok).
+    # What holds it back: "held", "not_before", "quota", "limit" or "window" (None when ok).
     blocked_by: str | None = None
 
     def __bool__(self) -> bool:
@@ -244,7 +265,7 @@ class Admission:
 
 
 def admit(job: Job, ctx: AdmissionContext) -> Admission:
-    """Check held / not-before / quotas / the window's class shares, in that order.
+    """Check held / not-before / quotas / running jobs / the window's class shares, in order.
 
     Placement is not checked: that is the packer's; this says whether the rules allow it.
     """
@@ -270,6 +291,12 @@ def admit(job: Job, ctx: AdmissionContext) -> Admission:
             f"waiting: quota ({used_h:.1f} of {_num(q.gpu_hours_per_day)} GPU-hours used today)",
             blocked_by="quota",
         )
+    running_limit = ctx.running_limit(job.user)
+    if running_limit is not None:
+        running = ctx.user_jobs.get(job.user, 0)
+        if running >= running_limit:
+            reason = running_reason(job.user, running, running_limit)
+            return Admission(False, reason, blocked_by="limit")
     if job.spec.priority_class is PriorityClass.INTERACTIVE:
         cap = w.interactive_max_share * ctx.total_gpus
         if ctx.interactive_gpus + gpus > cap + 1e-9:

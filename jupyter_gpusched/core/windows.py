@@ -35,6 +35,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from . import api
+from .limits import LimitPolicy, UserLimits, describe, limits_view
 from .models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S, SpecBounds
 from .units import format_duration_s
 
@@ -153,6 +154,8 @@ class PolicyConfig:
     max_runtime_s: float = 30 * 86400.0
     # Furthest ahead a job may ask to start, seconds (submissions past it are refused).
     max_not_before_s: float = 366 * 86400.0
+    # Per-user and per-group limits (:mod:`.limits`); none by default.
+    limits: LimitPolicy = LimitPolicy()
 
     def __post_init__(self) -> None:
         try:
@@ -378,19 +381,28 @@ def rule_values(w: Window) -> dict[str, Any]:
 _WHEN_FIELDS = ("name", "days", "start", "end")
 
 
-def policy_view(config: PolicyConfig, now: datetime) -> api.PolicyView:
-    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it."""
+def policy_view(
+    config: PolicyConfig, now: datetime, mine: UserLimits | None = None
+) -> api.PolicyView:
+    """The explanation as the API (and ``jupyter gpusched policy --json``) shows it.
+
+    ``mine``: the caller's limits, when a caller asks (the API).
+    """
     return api.PolicyView(
         at=_aware(now),
         timezone=config.timezone,
         local_time=_fmt_local(now, config.tz),
         window=window_view(resolve_window(config, now)),
-        explanation=explain(config, now),
+        limits=limits_view(config.limits, mine),
+        explanation=explain(config, now, mine),
     )
 
 
-def explain(config: PolicyConfig, now: datetime) -> str:
-    """Which window holds at ``now`` and why, its rules, and the next change (multi-line)."""
+def explain(config: PolicyConfig, now: datetime, mine: UserLimits | None = None) -> str:
+    """Which window holds at ``now`` and why, its rules, the limits, the next change.
+
+    Multi-line; ``mine``: the caller's limits, shown too.
+    """
     tz = config.tz
     active = resolve_window(config, now)
     w = active.window
@@ -417,6 +429,8 @@ def explain(config: PolicyConfig, now: datetime) -> str:
     lines.append(
         f"  - fair share: usage half-life {format_duration_s(config.fairshare_half_life_s)}"
     )
+    head, *more = describe(config.limits, mine)
+    lines += [f"  - {head}", *(f"      {line}" for line in more)]
     if active.until is None:
         lines.append("next change: none (this window is always in force)")
     else:

@@ -17,7 +17,13 @@ from typing import Any
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import ConflictError, ForbiddenError, InfeasibleError
+from jupyter_gpusched.core.errors import (
+    ConflictError,
+    ForbiddenError,
+    InfeasibleError,
+    TooManyError,
+)
+from jupyter_gpusched.core.limits import RETRY_AFTER_S, UserLimits, refusal
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     ARRAY_BEING_QUEUED,
@@ -65,6 +71,11 @@ class JobActions:
     _estimates: dict[int, datetime | None]
     _feasible: dict[tuple[Any, ...], str | None]
     _group: GroupCommit
+    # Who the callers are, as their last request said: user -> (groups, admin). The running
+    # jobs' limit is weighed by passes, which have no request to ask.
+    callers: dict[str, tuple[frozenset[str], bool]]
+    # Jobs accepted and not yet committed, by (user, whether a lease).
+    _submitting: dict[tuple[str, bool], int]
 
     def wake(self) -> None:
         """Ask for a pass soon (the scheduler's)."""
@@ -91,7 +102,50 @@ class JobActions:
     async def submit_grouped(self, spec: JobSpec) -> Job:
         """:meth:`submit` for concurrent callers: committed off the loop, with the others'."""
         self._admit(spec)
-        return await self._group.submit(spec)
+        key = (spec.user, spec.kind is JobKind.LEASE)
+        self._submitting[key] = self._submitting.get(key, 0) + 1
+        try:
+            return await self._group.submit(spec)
+        finally:
+            if (left := self._submitting[key] - 1) > 0:
+                self._submitting[key] = left
+            else:
+                del self._submitting[key]
+
+    def note_caller(self, user: str, groups: frozenset[str], admin: bool) -> None:
+        """Remember who ``user`` is (their groups, whether an admin) for the passes' limits."""
+        if self.callers.get(user) != (groups, admin):
+            self.callers[user] = (groups, admin)
+            self.wake()  # their running jobs' limit may have changed: weigh the whole queue
+
+    def limits_of(self, user: str) -> UserLimits:
+        """The limits that hold for ``user``, as far as this scheduler knows who they are."""
+        groups, admin = self.callers.get(user, (frozenset(), False))
+        return self.policy.limits.for_user(user, groups, admin)
+
+    def check_room(self, mine: UserLimits, *, jobs: int, leases: int = 0) -> None:
+        """Refuse (429) ``jobs`` more jobs, ``leases`` of them leases, past ``mine``'s limits.
+
+        Counted in the store (the truth, which another service sharing it writes too), plus
+        this server's submits not yet committed.
+        """
+        limits = mine.limits
+        if limits.queued_jobs is None and (limits.leases is None or not leases):
+            return
+        queued, live_leases = self.store.live_counts(mine.user)
+        pending_leases = self._submitting.get((mine.user, True), 0)
+        queued += self._submitting.get((mine.user, False), 0) + pending_leases
+        live_leases += pending_leases
+        if limits.queued_jobs is not None and queued + jobs > limits.queued_jobs:
+            raise TooManyError(
+                refusal(mine, "queued_jobs", queued, jobs),
+                retry_after_s=RETRY_AFTER_S["queued_jobs"],
+            )
+        if limits.leases is not None and leases and live_leases + leases > limits.leases:
+            raise TooManyError(
+                refusal(mine, "leases", live_leases, leases),
+                retry_after_s=RETRY_AFTER_S["leases"],
+            )
 
     def submit_many(self, specs: Sequence[JobSpec], *, array: bool = True) -> list[Job]:
         """Queue several jobs in one transaction, all or none (a bulk submit, or an array).

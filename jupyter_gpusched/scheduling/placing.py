@@ -80,6 +80,7 @@ class Placing:
     _memo: PassMemo | None  # what the last full pass found, while it still holds
     _need_full: bool  # something besides submissions changed since the last pass
     full_pass_every_s: float  # the longest a full pass's answers are trusted
+    callers: dict[str, tuple[frozenset[str], bool]]  # who users are, for their limits
 
     def _cluster_state(
         self, active_jobs: Sequence[Job] | None = None
@@ -385,6 +386,7 @@ class Placing:
             total_gpus=float(state.gpu_count[state.node_up].sum()),
             running=running,
             hours_today=hours_today,
+            callers=self.callers,
         )
 
     def _estimate(self, job: Job) -> float:

@@ -21,6 +21,7 @@ from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import api, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import UnavailableError
+from jupyter_gpusched.core.limits import UserLimits
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,
@@ -160,6 +161,8 @@ class Scheduler(JobActions, Placing):
         self._upkeep_at: float | None = None
         self._woken = False  # the next pass was asked for (a submit), not the interval's
         self._feasible: dict[tuple[Any, ...], str | None] = {}  # admission, by request shape
+        self.callers: dict[str, tuple[frozenset[str], bool]] = {}  # see JobActions.note_caller
+        self._submitting: dict[tuple[str, bool], int] = {}
         # Submits' transactions and the waiting reasons passes find, off the server's GIL.
         self._writer = (
             StoreWriter(store.url) if store_writer_process and usable_for(store.url) else None
@@ -466,9 +469,11 @@ class Scheduler(JobActions, Placing):
         """The API's cluster: nodes, GPUs with state and owner, metrics, window."""
         return cluster_view(self.snapshot())
 
-    def policy_view(self, at: datetime | None = None) -> api.PolicyView:
-        """Which rules hold at ``at`` (default now), and why."""
-        return windows.policy_view(self.policy, at or self.clock.now())
+    def policy_view(
+        self, at: datetime | None = None, mine: UserLimits | None = None
+    ) -> api.PolicyView:
+        """Which rules hold at ``at`` (default now), and why; ``mine``: the caller's limits."""
+        return windows.policy_view(self.policy, at or self.clock.now(), mine)
 
     async def notify(self) -> None:
         """Wake event subscribers now (e.g. after writing an event outside a tick)."""

@@ -31,6 +31,7 @@ from jupyter_gpusched.packing.packer import POLICIES
 from .building import build_scheduler
 from .config import GpuSchedPolicy
 from .logs import match_level_to_handlers
+from .userlimits import LimitGate
 
 #: The built-in features (entry points of the ``jupyter_gpusched.plugins`` group).
 PLUGINS: tuple[str, ...] = ("leases", "notebooks")
@@ -176,7 +177,8 @@ class GpuSchedApp(ExtensionApp):
         4,
         min=1,
         help="""Log follows (GET jobs/{id}/log?follow=1) one user may hold open at once; more
-        are refused with 429. Each holds an SSH channel on the job's node.""",
+        are refused with 429. Each holds an SSH channel on the job's node (so this holds in
+        every mode), and counts against the user's streams (GpuSchedPolicy.limits) too.""",
     ).tag(config=True)
     gc_freeze = Bool(
         True,
@@ -294,7 +296,7 @@ class GpuSchedApp(ExtensionApp):
         self.settings["gpusched_admins"] = frozenset(self.admin_users)
         self.settings["gpusched_anonymous_user"] = self.anonymous_user
         self.settings["gpusched_max_request_bytes"] = self.max_request_bytes
-        self.settings["gpusched_max_follows"] = self.max_follows_per_user
+        self.settings["gpusched_gate"] = LimitGate.of(self)
         self.settings["gpusched_app"] = self
 
     def initialize_handlers(self) -> None:
@@ -444,6 +446,7 @@ class GpuSchedApp(ExtensionApp):
         if self._sync is not None:
             await self._sync.stop()
             self._sync = None
+        await self.settings["gpusched_gate"].close()
         if self._starting is not None:
             self._starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):

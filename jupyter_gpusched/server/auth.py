@@ -31,9 +31,14 @@ ADMIN_SCOPE = "custom:gpusched:admin"
 
 @dataclass
 class GpuSchedUser(User):
-    """A caller of the service, and whether they administer the queue (anyone's jobs)."""
+    """A caller of the service, whether they administer the queue (anyone's jobs), and groups.
 
-    gpusched_admin: bool = False
+    ``gpusched_admin`` None: the identity does not say (the server's ``admin_users`` decide).
+    ``groups``: what the identity says (JupyterHub's groups), for the per-group limits.
+    """
+
+    gpusched_admin: bool | None = False
+    groups: tuple[str, ...] = ()
 
 
 class ServiceAuthorizer(Authorizer):
@@ -156,4 +161,5 @@ class HubIdentityProvider(_TokenOnlyIdentityProvider):
         admin = self.admin_scope in set(model.get("scopes", ())) or bool(
             self.admin_groups & set(model.get("groups", ()))
         )
-        return GpuSchedUser(username=str(model["name"]), gpusched_admin=admin)
+        groups = tuple(str(g) for g in model.get("groups") or ())
+        return GpuSchedUser(username=str(model["name"]), gpusched_admin=admin, groups=groups)

@@ -72,7 +72,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     scheduler = app.scheduler_class(
         store=Store(app.store_url, clock=clock),
         backend=backend,
-        policy=GpuSchedPolicy(parent=app).to_policy_config(),
+        policy=GpuSchedPolicy(parent=app).to_policy_config(service=app.mode == "service"),
         clock=clock,
         packer_policy=app.packer_policy,
         tick_interval_s=app.tick_interval_s,
@@ -85,6 +85,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     )
     for plugin in app.plugin_modules():
         plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
+    app.settings["gpusched_gate"].watch(scheduler)  # uploads of ended jobs are removed
     if "leases" in app.plugins:
         from jupyter_gpusched.leases.bridge import bridge_for
 

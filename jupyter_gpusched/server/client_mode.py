@@ -14,6 +14,7 @@ executed notebooks the service keeps are copied back beside their input (:mod:`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import httpclient, web, websocket
 from tornado.iostream import IOStream, StreamClosedError
 
-from jupyter_gpusched.core.errors import BadRequestError
+from jupyter_gpusched.core.errors import BadRequestError, TooManyError
 
 from . import relay
 from .handlers.base import API, GpuSchedMixin
@@ -234,7 +235,13 @@ class EventsForwardHandler(_Forwarding, ListenOnlyWebSocket):
         )
         try:
             self._upstream = await websocket.websocket_connect(request)
-        except (OSError, httpclient.HTTPClientError) as exc:
+        except httpclient.HTTPClientError as exc:
+            if exc.code == 429:  # over the user's streams at the service: say so, as it did
+                raise refused_upstream(exc) from None
+            raise web.HTTPError(
+                502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
+            ) from None
+        except OSError as exc:
             raise web.HTTPError(
                 502, f"the lab's gpusched service at {self.link.url} is unreachable: {exc}"
             ) from None
@@ -252,6 +259,18 @@ class EventsForwardHandler(_Forwarding, ListenOnlyWebSocket):
         """Close the service's side too."""
         if self._upstream is not None:
             self._upstream.close()
+
+
+def refused_upstream(exc: httpclient.HTTPClientError) -> TooManyError:
+    """The service's 429 (its message and ``Retry-After``) as this server's own."""
+    response = exc.response
+    message, retry_s = "the lab's gpusched service refused: too many at once", 5.0
+    if response is not None:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            message = str(json.loads(response.body)["message"])
+        with contextlib.suppress(ValueError, TypeError):
+            retry_s = float(response.headers.get("Retry-After", retry_s))
+    return TooManyError(message, retry_after_s=retry_s)
 
 
 def check_link(link: ServiceLink) -> None:

@@ -10,6 +10,8 @@ Set in ``jupyter_server_config.py``, e.g.::
         {"name": "night", "interactive_max_share": 0.5, "lease_idle_timeout_s": "2h"},
     ]
     c.GpuSchedPolicy.quotas = {"alice": {"gpus_at_once": 4, "gpu_hours_per_day": 48}}
+    c.GpuSchedPolicy.limits = {"queued_jobs": 2000, "upload_bytes": "4G"}
+    c.GpuSchedPolicy.group_limits = {"nlp": {"running_jobs": 1000}}
 """
 
 from __future__ import annotations
@@ -19,11 +21,20 @@ from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
+from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from jupyter_gpusched.core.limits import (
+    LIMIT_KEYS,
+    NO_LIMITS,
+    SERVICE_LIMITS,
+    LimitPolicy,
+    Overrides,
+    limits_text,
+    with_overrides,
+)
 from jupyter_gpusched.core.models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S
-from jupyter_gpusched.core.units import parse_duration_s
+from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 from jupyter_gpusched.core.windows import (
     ALL_DAYS,
     DAY_NAMES,
@@ -40,6 +51,16 @@ _WINDOW_KEYS = {
     "interactive_first",
 }  # fmt: skip
 _QUOTA_KEYS = {"gpus_at_once", "gpu_hours_per_day"}
+_LIMITS_HELP = (
+    "Keys: queued_jobs (jobs queued at once; a bulk submit counts each job), running_jobs "
+    "(jobs starting or running at once; more wait in the queue), array_size (jobs in one bulk "
+    "submit), leases (%%gpu and GPU-kernel leases queued or running at once), streams (event "
+    "websockets and log follows open at once), upload_bytes (bytes of uploaded files and "
+    "stored notebooks held for jobs not yet ended; a number of bytes or '2G'), submits_per_s "
+    "(requests that create jobs, notebooks or definitions, per second) and submit_burst (how "
+    "many such requests at once before the rate holds them; default: one second's worth). "
+    "A missing key leaves the value below; None means unlimited."
+)
 
 
 class GpuSchedPolicy(Configurable):
@@ -75,6 +96,41 @@ class GpuSchedPolicy(Configurable):
 
     default_quota = Dict(
         help="Quota of users not in 'quotas', same keys; empty = unlimited.",
+    ).tag(config=True)
+
+    limit_defaults = Enum(
+        ["auto", "on", "off"],
+        default_value="auto",
+        help="Everyone's limits before GpuSchedPolicy.limits: 'on' the lab-wide service's "
+        f"defaults ({limits_text(SERVICE_LIMITS)}), 'off' none, 'auto' (the default) 'on' in "
+        "the lab-wide service (jupyter gpusched service) and 'off' in a personal server, "
+        "where nobody else is there to protect.",
+    ).tag(config=True)
+
+    limits = Dict(
+        help="Everyone's per-user limits, over the defaults that limit_defaults gives, e.g. "
+        "{'queued_jobs': 2000, 'upload_bytes': '4G', 'streams': None}. Over a limit a request "
+        "is refused with 429 and Retry-After (array_size: 422), naming the limit and the "
+        "user's count; over running_jobs a job waits. " + _LIMITS_HELP,
+    ).tag(config=True)
+
+    group_limits = Dict(
+        help="Limits by group: {group: {key: value}}, over everyone's. Where a user's groups "
+        "set a key differently, the most generous wins (None, unlimited, above all). Groups "
+        "are JupyterHub's (its user model) and those user_groups lists.",
+    ).tag(config=True)
+
+    admin_limits = Dict(
+        help="Limits of the queue's admins, over everyone's and their groups': {key: value}.",
+    ).tag(config=True)
+
+    user_limits = Dict(
+        help="A user's own limits, over everything else: {user: {key: value}}.",
+    ).tag(config=True)
+
+    user_groups = Dict(
+        help="Groups of users for group_limits, besides those JupyterHub says: "
+        "{user: [group, ...]} (without a Hub the only source of groups).",
     ).tag(config=True)
 
     fairshare_half_life_s = Float(
@@ -156,6 +212,35 @@ class GpuSchedPolicy(Configurable):
             raise TraitError(f"GpuSchedPolicy.default_quota: {exc}") from None
         return dict(proposal["value"])
 
+    @validate("limits", "admin_limits")
+    def _check_limits(self, proposal: Any) -> dict[str, Any]:
+        name = proposal["trait"].name
+        try:
+            limits_from_dict(proposal["value"])
+        except ValueError as exc:
+            raise TraitError(f"GpuSchedPolicy.{name}: {exc}") from None
+        return dict(proposal["value"])
+
+    @validate("group_limits", "user_limits")
+    def _check_limits_by_name(self, proposal: Any) -> dict[str, Any]:
+        name = proposal["trait"].name
+        for key, value in proposal["value"].items():
+            try:
+                limits_from_dict(value)
+            except ValueError as exc:
+                raise TraitError(f"GpuSchedPolicy.{name}[{key!r}]: {exc}") from None
+        return dict(proposal["value"])
+
+    @validate("user_groups")
+    def _check_user_groups(self, proposal: Any) -> dict[str, Any]:
+        for user, groups in proposal["value"].items():
+            if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
+                raise TraitError(
+                    f"GpuSchedPolicy.user_groups[{user!r}] {groups!r} must be a list of group "
+                    "names, e.g. ['nlp']"
+                )
+        return dict(proposal["value"])
+
     @validate("fairshare_half_life_s", "default_runtime_s")
     def _check_positive(self, proposal: Any) -> float:
         value = proposal["value"]
@@ -182,8 +267,11 @@ class GpuSchedPolicy(Configurable):
             raise TraitError(f"GpuSchedPolicy.runtime_percentile {value!r} must be 0-100")
         return float(value)
 
-    def to_policy_config(self) -> PolicyConfig:
-        """The pure policy's view of this configuration."""
+    def to_policy_config(self, *, service: bool = False) -> PolicyConfig:
+        """The pure policy's view of this configuration.
+
+        ``service``: for the lab-wide service, where ``limit_defaults = 'auto'`` means 'on'.
+        """
         return PolicyConfig(
             timezone=self.timezone,
             windows=tuple(window_from_dict(w) for w in self.windows),
@@ -194,7 +282,21 @@ class GpuSchedPolicy(Configurable):
             runtime_percentile=self.runtime_percentile,
             max_runtime_s=self.max_runtime_s,
             max_not_before_s=self.max_not_before_s,
+            limits=self.limit_policy(service=service),
         )
+
+    def limit_policy(self, *, service: bool = False) -> LimitPolicy:
+        """The per-user limits (see :mod:`jupyter_gpusched.core.limits`)."""
+        on = self.limit_defaults == "on" or (self.limit_defaults == "auto" and service)
+        return LimitPolicy(
+            everyone=with_overrides(SERVICE_LIMITS if on else NO_LIMITS, limits_from_dict(
+                self.limits
+            )),
+            groups={g: limits_from_dict(v) for g, v in self.group_limits.items()},
+            users={u: limits_from_dict(v) for u, v in self.user_limits.items()},
+            admins=limits_from_dict(self.admin_limits),
+            user_groups={u: frozenset(g) for u, g in self.user_groups.items()},
+        )  # fmt: skip
 
 
 def parse_days(value: object) -> frozenset[int]:
@@ -315,3 +417,47 @@ def quota_from_dict(data: Mapping[str, Any]) -> Quota:
                 raise ValueError(f"{key} {data[key]!r} must be >= 0")
         values[key] = value
     return Quota(**values)
+
+
+_COUNT_KEYS = frozenset(LIMIT_KEYS) - {"upload_bytes", "submits_per_s"}
+
+
+def limits_from_dict(data: Mapping[str, Any]) -> Overrides:
+    """Read a limits dict (``GpuSchedPolicy.limits``): each key's value checked, sizes read.
+
+    ValueError messages quote the bad value.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"limits {data!r} must be a dict like {{'queued_jobs': 1000}}")
+    unknown = sorted(set(data) - set(LIMIT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown limit {unknown[0]!r}; known limits: {list(LIMIT_KEYS)}")
+    out: dict[str, float | int | None] = {}
+    for key, value in data.items():
+        if value is None:
+            out[key] = None
+        elif key == "upload_bytes":
+            out[key] = _size_bytes(value)
+        elif key == "submits_per_s":
+            rate = _number(key, value)
+            if rate < 0:
+                raise ValueError(f"{key} {value!r} must be >= 0 (None: unlimited)")
+            out[key] = rate
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} {value!r} must be a whole number >= 0 (None: unlimited)")
+        else:
+            out[key] = value
+    return out
+
+
+def _size_bytes(value: object) -> int:
+    """Bytes from ``2147483648``, ``'2G'``, ``'512M'`` (binary units, as sizes here are)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text) if text.isdigit() else round(parse_size_gb(text) * (1 << 30))
+        except ValueError:
+            pass
+    raise ValueError(f"upload_bytes {value!r} must be bytes or a size like '2G' or '512M'")

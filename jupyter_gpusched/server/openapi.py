@@ -35,12 +35,14 @@ call: `Authorization: token <TOKEN>` (see `jupyter server list`) or the browser'
 Errors always answer a JSON body `Error`: 400 unreadable body, 401 no credentials, 403 not
 yours / not allowed, 404 no such job, 409 the job's state forbids it, 413 the body is larger
 than the server reads, 422 a field is invalid (too large included: the message says the
-limit) or the job can never fit, 429 too many log follows at once; 502 only when a node cannot
-be reached; 503 (with `Retry-After`) while the scheduler starts or its store is away.
+limit) or the job can never fit, 429 (with `Retry-After`) over one of the caller's per-user
+limits, naming it and the caller's count; 502 only when a node cannot be reached; 503 (with
+`Retry-After`) while the scheduler starts or its store is away.
 
 Events: a websocket at `gpusched/api/events?after=<event id>` sends one JSON message per
 event (schema `Event`, with the event's job); with `after` it first replays stored events
 newer than that id, so a client resumes after a reconnect (`after=-1`: only new events).
+Past the caller's `streams` limit the upgrade is refused with 429 (an `Error` body).
 After changes, at most once a second, a `cluster` message (id null) carries the `Cluster`.
 
 Generated from the pydantic models in jupyter_gpusched/core/api.py by
@@ -181,9 +183,9 @@ def _path_params(path: str) -> list[dict[str, Any]]:
 
 
 def _error(name: str, text: str, content: dict[str, Any]) -> dict[str, Any]:
-    """A shared error response; 503 says when to try again."""
+    """A shared error response; 429 and 503 say when to try again."""
     out: dict[str, Any] = {"description": text, "content": content}
-    if name == ERRORS[503][0]:
+    if name in (ERRORS[429][0], ERRORS[503][0]):
         out["headers"] = {
             "Retry-After": {
                 "description": "Seconds to wait before trying again.",

@@ -29,7 +29,12 @@ ERRORS: dict[int, tuple[str, str]] = {
         "The request body is larger than the server reads (the message says the limit).",
     ),
     422: ("Invalid", "A field or query argument is invalid, or the job can never fit."),
-    429: ("TooMany", "The caller holds as many log follows as one user may; close one."),
+    429: (
+        "TooMany",
+        "Over one of the caller's per-user limits (queued jobs, leases, streams, upload bytes, "
+        "submissions per second; `GpuSchedPolicy.limits`) or their log follows: the message "
+        "names the limit and the caller's count; try again after `Retry-After` seconds.",
+    ),
     502: ("Unreachable", "A node could not be reached."),
     503: (
         "Unavailable",
@@ -93,6 +98,7 @@ _PAGE = (
     Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
 )
 _READ, _WRITE = (401, 403, 503), (400, 401, 403, 413, 422, 503)
+_CREATE = (*_WRITE, 429)  # creates count against the caller's per-user limits
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -126,7 +132,7 @@ ROUTES: tuple[Route, ...] = (
                 "submitJob",
                 "Submit a job, an array of copies (`array`), or a list of jobs, as the caller.",
                 (api.JobView, api.JobArray),
-                _WRITE,
+                _CREATE,
                 ok=201,
                 ok_description="Queued: the job, or every job of a bulk submit (`JobArray`).",
                 body=(api.JobPost, api.JobPostList),
@@ -136,7 +142,10 @@ ROUTES: tuple[Route, ...] = (
                 f"N`, is a bulk submit of at most {api.MAX_ARRAY} jobs: all are queued in one "
                 "transaction or none is, and each carries the labels `array_id` (the first "
                 "job's id) and `array_index` (0-based), also in its environment as "
-                "`$GPUSCHED_ARRAY_ID` and `$GPUSCHED_ARRAY_INDEX`.",
+                "`$GPUSCHED_ARRAY_ID` and `$GPUSCHED_ARRAY_INDEX`. Past the caller's per-user "
+                "limits (`GpuSchedPolicy.limits`: queued jobs and leases, counting every job "
+                "of a bulk submit; upload bytes; submissions per second) it answers 429 with "
+                "`Retry-After`; a bulk submit larger than their `array_size`, 422.",
             ),
         ),
     ),
@@ -201,7 +210,8 @@ ROUTES: tuple[Route, ...] = (
                 description="Without `follow`, answers the bytes from `offset` (at most `limit`) "
                 "and the offset to ask for next in `X-Log-Offset`. With `follow=1` streams "
                 "(chunked) until the job ends, or until the client goes; a user holds at most "
-                "`GpuSchedApp.max_follows_per_user` follows at once.",
+                "`GpuSchedApp.max_follows_per_user` follows at once, and follows count with "
+                "the events websockets against the per-user `streams` limit.",
                 query=(
                     Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
                     Param("limit", int_schema(1, api.MAX_LOG_CHUNK, 65536)),
@@ -310,7 +320,8 @@ ROUTES: tuple[Route, ...] = (
             Op(
                 "get",
                 "getPolicy",
-                "The policy window in force at `at` (default now), explained in words.",
+                "The policy window in force at `at` (default now), the per-user limits "
+                "(the caller's too), explained in words.",
                 api.PolicyView,
                 (*_READ, 422),
                 query=(
@@ -344,7 +355,7 @@ ROUTES: tuple[Route, ...] = (
                 "submitNotebook",
                 "Run a notebook as a batch job now, later, or on a cron schedule.",
                 api.NotebookSubmitted,
-                (*_WRITE, 404),
+                (*_CREATE, 404),
                 ok=201,
                 ok_description="Queued (`job`) or scheduled (`definition`).",
                 body=api.NotebookSubmission,
@@ -376,7 +387,7 @@ ROUTES: tuple[Route, ...] = (
                 "createDefinition",
                 "Store a recurring notebook job (cron `schedule`, or a cron `at`, in `timezone`).",
                 api.Definition,
-                (*_WRITE, 404),
+                (*_CREATE, 404),
                 ok=201,
                 ok_description="Stored.",
                 body=api.NotebookSubmission,

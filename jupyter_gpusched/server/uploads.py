@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import posixpath
-import shutil
 import stat
 import uuid
 from collections.abc import Iterator
@@ -155,7 +154,7 @@ class PendingUploads:
     """Uploads checked whole and given their places, not yet written (:func:`check_uploads`).
 
     Nothing reaches the disk before the job they come with was checked too; a request that
-    fails after :meth:`write` takes them away again with :meth:`discard`.
+    fails after :meth:`write` takes them away again (the handlers' ``on_finish``).
     """
 
     # The fresh private folder they go into.
@@ -182,9 +181,6 @@ class PendingUploads:
                 f.write(data)
             os.chmod(dest, mode | stat.S_IRUSR)
 
-    def discard(self) -> None:
-        """Remove what :meth:`write` wrote (the request failed after it)."""
-        shutil.rmtree(self.target, ignore_errors=True)
 
 
 def check_uploads(uploads: Any, folder: str) -> PendingUploads:

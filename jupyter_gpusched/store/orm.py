@@ -18,6 +18,7 @@ from sqlalchemy import (
     Dialect,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -74,7 +75,12 @@ class JobRow(Base):
     """One job: the spec as JSON plus the columns that queries filter and sort on."""
 
     __tablename__ = "jobs"
-    __table_args__ = {"sqlite_autoincrement": True}
+    # Each user's live jobs by state and kind, counted without reading a row (the per-user
+    # limits ask at every submit): a range of this index, however long the user's history.
+    __table_args__ = (
+        Index("ix_jobs_username_state_kind", "username", "state", "kind"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     version: Mapped[int] = mapped_column(Integer)  # compare-and-swap on every update

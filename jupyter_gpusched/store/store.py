@@ -266,6 +266,21 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
             jobs = self._jobs_of(s, keys, shared=shared)
         return [jobs[i] for i, _ in keys], total
 
+    def live_counts(self, user: str) -> tuple[int, int]:
+        """``user``'s queued jobs, and their leases queued, starting or running.
+
+        One count over a range of the (user, state, kind) index: no row is read, and the cost
+        follows the user's live jobs (bounded by their limits), not the queue or the history.
+        """
+        live = [JobState.QUEUED.value, *(x.value for x in ACTIVE_STATES)]
+        query = select(
+            func.count().filter(JobRow.state == JobState.QUEUED.value),
+            func.count().filter(JobRow.kind == JobKind.LEASE.value),
+        ).where(JobRow.username == user, JobRow.state.in_(live))
+        with self.read_session() as s:
+            queued, leases = s.connection().execute(query).one()
+        return int(queued), int(leases)
+
     def _jobs_of(self, s: Session, keys: Sequence[Any], *, shared: bool = False) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
         out, missing = self._cache.get_many(keys, shared=shared)

@@ -18,13 +18,17 @@ import {
 
 const API = 'gpusched/api';
 
-/** An API error with the server's advice on what to fix. */
+/**
+ * An API error with the server's advice on what to fix; `retryAfterS` is when to try again
+ * (a 429 over one of the user's limits, or a 503), from the `Retry-After` header.
+ */
 export class GpuschedApiError extends Error {
   constructor(
     readonly status: number,
     readonly error: string,
     message: string,
-    readonly field?: string
+    readonly field?: string,
+    readonly retryAfterS?: number
   ) {
     super(message);
   }
@@ -58,11 +62,13 @@ export class GpuschedClient {
       } catch {
         // not JSON: e.g. a 404 page when the server extension is not enabled
       }
+      const retry = Number(response.headers.get('Retry-After') ?? NaN);
       throw new GpuschedApiError(
         response.status,
         body.error ?? response.statusText,
         body.message ?? `HTTP ${response.status} from ${path}`,
-        body.field ?? undefined
+        body.field ?? undefined,
+        Number.isFinite(retry) ? retry : undefined
       );
     }
     return response;
@@ -212,6 +218,22 @@ export class GpuschedClient {
     return bytes;
   }
 
+  /**
+   * Why the events websocket was refused, or null: a browser never sees the answer to a
+   * refused upgrade, so the same URL is asked over plain HTTP, which says it (a 429 over
+   * the user's streams, with the message naming the limit).
+   */
+  async eventsRefusal(): Promise<GpuschedApiError | null> {
+    try {
+      await this.fetch('events', {}, { after: -1 });
+    } catch (err) {
+      if (err instanceof GpuschedApiError && err.status === 429) {
+        return err;
+      }
+    }
+    return null;
+  }
+
   /** Websocket URL of `events`, resuming after `afterId`, with the token as Jupyter does. */
   eventsUrl(afterId: number): string {
     let url = URLExt.join(this.settings.wsUrl, API, 'events') + `?after=${afterId}`;
@@ -238,7 +260,8 @@ export class EventStream {
     private readonly client: GpuschedClient,
     private readonly lastId: () => number,
     private readonly onEvent: (event: IEvent) => void,
-    private readonly onStatus: (status: StreamStatus) => void
+    private readonly onStatus: (status: StreamStatus) => void,
+    private readonly onRefused: (why: GpuschedApiError | null) => void = () => undefined
   ) {}
 
   /** Connect (again). */
@@ -248,8 +271,11 @@ export class EventStream {
     const WS = this.client.settings.WebSocket ?? WebSocket;
     const socket = new WS(this.client.eventsUrl(this.lastId()));
     this.socket = socket;
+    let opened = false;
     socket.onopen = () => {
+      opened = true;
       this.retryMs = 500;
+      this.onRefused(null);
       this.onStatus('open');
     };
     socket.onmessage = msg => {
@@ -264,9 +290,27 @@ export class EventStream {
         return;
       }
       this.onStatus('retrying');
-      this.timer = setTimeout(() => this.open(), this.retryMs);
-      this.retryMs = Math.min(this.retryMs * 2, 15000);
+      if (!opened) {
+        // Refused before it opened: over the user's streams? Say so, and wait as told.
+        void this.client.eventsRefusal().then(why => {
+          this.onRefused(why);
+          if (why?.retryAfterS) {
+            this.retryMs = Math.max(this.retryMs, why.retryAfterS * 1000);
+          }
+          this.retry(socket);
+        });
+        return;
+      }
+      this.retry(socket);
     };
+  }
+
+  private retry(socket: WebSocket): void {
+    if (this.socket !== socket || this.closed) {
+      return;
+    }
+    this.timer = setTimeout(() => this.open(), this.retryMs);
+    this.retryMs = Math.min(this.retryMs * 2, 15000);
   }
 
   /** Disconnect for good. */

@@ -40,6 +40,8 @@ export class GpuschedModel implements IDisposable {
   status: LoadStatus = 'loading';
   error: GpuschedApiError | null = null;
   stream: StreamStatus = 'closed';
+  /** Why the events websocket is refused (over the user's streams), or null. */
+  streamRefused: string | null = null;
   /** My recurring notebook jobs (null until loaded, or when the server has none to list). */
   definitions: IDefinition[] | null = null;
 
@@ -139,6 +141,10 @@ export class GpuschedModel implements IDisposable {
             // so nothing that happened between the first load and the connection is missed.
             void this.reloadJobs();
           }
+        },
+        why => {
+          this.streamRefused = why?.message ?? null;
+          this._changed.emit();
         }
       );
       this._events.open();

@@ -123,7 +123,13 @@ export class GpuschedPanel extends Widget {
     const leases = myLeases(jobs, me).map(j => queueRow(j, now, me));
     this.update1(
       'status',
-      JSON.stringify([windowLine(cluster.window, now), cluster.metrics, cluster.queue, m.stream]),
+      JSON.stringify([
+        windowLine(cluster.window, now),
+        cluster.metrics,
+        cluster.queue,
+        m.stream,
+        m.streamRefused
+      ]),
       () => this.renderStatus(cluster, now)
     );
     this.update1('map', JSON.stringify(cluster.nodes), () =>
@@ -190,6 +196,7 @@ export class GpuschedPanel extends Widget {
         h('span', {}, windowLine(w, now)),
         w?.applies ? h('span', { className: 'jp-gpusched-applies' }, ` (${w.applies})`) : null
       ),
+      ...refusedLine(this.model.streamRefused),
       h(
         'ul',
         { className: 'jp-gpusched-rules', title: 'the rules of the window in force' },
@@ -399,4 +406,14 @@ function writeCleared(ids: Set<number>): void {
   } catch {
     // storage full or off: clearing lasts until the page reloads
   }
+}
+
+/** The line saying why live updates are refused (over the user's streams), if they are. */
+function refusedLine(why: string | null): Node[] {
+  if (why === null) {
+    return [];
+  }
+  return [
+    h('div', { className: 'jp-gpusched-error jp-gpusched-refused' }, `Live updates refused: ${why}`)
+  ];
 }

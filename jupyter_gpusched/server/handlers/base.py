@@ -11,6 +11,8 @@ import json
 import math
 import os
 import re
+import shutil
+from collections.abc import Collection
 from http.client import responses
 from typing import Any
 
@@ -26,6 +28,8 @@ from jupyter_gpusched.core.errors import (
     InvalidSpecError,
     NotFoundError,
 )
+from jupyter_gpusched.core.limits import UserLimits
+from jupyter_gpusched.core.models import TERMINAL_STATES, JobState
 from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.core.units import format_size_bytes
 from jupyter_gpusched.server.auth import AUTH_RESOURCE
@@ -35,6 +39,7 @@ from jupyter_gpusched.server.uploads import (
     local_files,
     user_dir,
 )
+from jupyter_gpusched.server.userlimits import LimitGate
 
 API = "gpusched/api"
 _SHARED_TOKEN_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
@@ -88,7 +93,7 @@ class GpuSchedMixin:
         self.set_status(status)  # type: ignore[attr-defined]
         if status == 401:
             self.set_header("WWW-Authenticate", "token")  # type: ignore[attr-defined]
-        if status == 503:  # the store or the scheduler is away: say when to try again
+        if status in (429, 503):  # over a limit, or the store is away: say when to try again
             retry_s = getattr(exc, "retry_after_s", None) or 5.0
             self.set_header("Retry-After", str(max(1, math.ceil(retry_s))))  # type: ignore[attr-defined]
         self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
@@ -149,6 +154,35 @@ class GpuSchedMixin:
         """Embedded (this server schedules), service (the lab's queue) or client."""
         return str(self.settings.get("gpusched_mode", "embedded"))  # type: ignore[attr-defined]
 
+    @property
+    def gate(self) -> LimitGate:
+        """The per-user limits this server counts itself (rates, streams, uploads)."""
+        return self.settings["gpusched_gate"]  # type: ignore[attr-defined,no-any-return]
+
+    def caller_limits(self, sched: Any) -> UserLimits:
+        """The limits that hold for the caller (their groups, whether an admin).
+
+        Tells the scheduler who they are: its passes weigh their running jobs by these too.
+        """
+        mine: UserLimits | None = getattr(self, "_caller_limits", None)
+        if mine is None:
+            groups = frozenset(getattr(self.current_user, "groups", None) or ())  # type: ignore[attr-defined]
+            admin, user = self.is_admin(), self.username
+            if not sched.policy.limits.off:
+                sched.note_caller(user, groups, admin)
+            mine = sched.policy.limits.for_user(user, groups, admin)
+            self._caller_limits, self._limits_sched = mine, sched
+        return mine
+
+    def live_files(self, user: str) -> Collection[str]:
+        """The files the caller's jobs that have not ended name (what uploads are held for)."""
+        sched = getattr(self, "_limits_sched", None)
+        if sched is None:
+            return ()
+        live = [s for s in JobState if s not in TERMINAL_STATES]
+        jobs, _ = sched.store.list_jobs(states=live, user=user, limit=None, shared=True)
+        return {path for job in jobs for path in job.spec.files}
+
     def user_files_dir(self, user: str) -> str:
         """A user's private directory for files sent with requests (0700)."""
         return user_dir(self.settings["gpusched_data_dir"], user)  # type: ignore[attr-defined]
@@ -174,6 +208,9 @@ class GpuSchedMixin:
                 raise InvalidSpecError("files", "give files or uploads, not both")
             folder = os.path.join(self.user_files_dir(self.username), "uploads")
             pending = check_uploads(uploads, folder)
+            mine: UserLimits | None = getattr(self, "_caller_limits", None)
+            if mine is not None:
+                self.gate.uploads.check(mine, pending.size, lambda: self.live_files(mine.user))
             body["files"] = list(pending.tops)
             return pending
         if body.get("files") and self.mode == "service":
@@ -185,6 +222,16 @@ class GpuSchedMixin:
         if body.get("files"):
             body["files"] = local_files(body["files"], self.server_root())
         return None
+
+    def write_uploads(self, pending: PendingUploads) -> None:
+        """Write checked uploads (:meth:`take_uploads`); removed if the request fails after all.
+
+        See :meth:`ApiHandler.on_finish`.
+        """
+        pending.write()
+        self._written_uploads = [*getattr(self, "_written_uploads", ()), pending.target]
+        self.gate.uploads.fresh.add(pending.target)
+        self.gate.uploads.added(self.username, pending.size)
 
     def query(self, name: str, default: str | None = None) -> str | None:
         """One query argument; repeated arguments are refused rather than guessed at."""
@@ -214,6 +261,17 @@ class GpuSchedMixin:
         return text in ("1", "true", "yes")
 
 
+def upload_size(uploads: Any) -> int:
+    """Bytes ``uploads`` hold once decoded (base64: three bytes in four characters)."""
+    if not isinstance(uploads, list):
+        return 0
+    return sum(
+        len(item["content_base64"]) * 3 // 4
+        for item in uploads
+        if isinstance(item, dict) and isinstance(item.get("content_base64"), str)
+    )
+
+
 def job_id_arg(text: str) -> int:
     """A job id from the URL; anything that cannot be one is a 404 like an unknown id."""
     if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > MAX_ID:
@@ -240,6 +298,19 @@ class ApiHandler(GpuSchedMixin, APIHandler):
                 f"{format_size_bytes(limit)} (GpuSchedApp.max_request_bytes): stage big "
                 "inputs as files",
             )
+
+    def on_finish(self) -> None:
+        """A request that failed leaves none of the files it uploaded behind."""
+        written = getattr(self, "_written_uploads", ())
+        for folder in written:
+            self.gate.uploads.fresh.discard(folder)
+            if self.get_status() >= 400:
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                self.gate.uploads.answered.add(folder)
+        if written and self.get_status() >= 400:
+            self.gate.uploads.forget(self.username)
+        super().on_finish()
 
     def set_secure_cookie(  # type: ignore[override]
         self, name: str, value: str | bytes, *args: Any, **kwargs: Any

@@ -69,10 +69,11 @@ class PolicyHandler(ApiHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        """The policy window at ``at`` (default now) and an explanation."""
+        """The policy window at ``at`` (default now), the limits (the caller's too), in words."""
         sched = await self.scheduler()
         text = self.query("at")
-        self.write_model(sched.policy_view(None if text is None else iso_arg("at", text)))
+        at = None if text is None else iso_arg("at", text)
+        self.write_model(sched.policy_view(at, self.caller_limits(sched)))
 
 
 class SpecHandler(ApiHandler):

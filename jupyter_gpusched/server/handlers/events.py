@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -66,14 +66,29 @@ class EventsHandler(ListenOnlyWebSocket):
     Each connection gets what its user may see (see :mod:`jupyter_gpusched.scheduling.events`).
     """
 
+    _close_stream: Callable[[], None] | None = None  # counted against the caller's streams
+
     @ws_authenticated
     @authorized
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        """Check the query, then upgrade to a websocket."""
+        """Check the query and the caller's streams (429 past them), then upgrade."""
         self._sched = await self.scheduler()
         self._after = self.query_int("after", 0, -1, MAX_ID)  # -1: only new events
         self._viewer = self.viewer
+        self._close_stream = self.gate.open_stream(self.caller_limits(self._sched))
         await super().get(*args, **kwargs)
+        if self.ws_connection is None:  # not upgraded (a bad handshake): nothing held
+            self.stopped()
+
+    def stopped(self) -> None:
+        """The stream no longer counts against the caller's."""
+        if self._close_stream is not None:
+            self._close_stream()
+
+    def on_close(self) -> None:
+        """Stop relaying; the stream no longer counts."""
+        super().on_close()
+        self.stopped()
 
     async def relay(self) -> AsyncIterator[str | bytes]:  # type: ignore[override]
         """Stored events after ``after``, then live ones."""

@@ -24,12 +24,8 @@ from jupyter_gpusched.core.api import (
     LeaseList,
     parse_body,
 )
-from jupyter_gpusched.core.errors import (
-    ForbiddenError,
-    InvalidSpecError,
-    NotFoundError,
-    TooManyError,
-)
+from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.core.limits import refusal
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
 from jupyter_gpusched.store.availability import off_the_loop
@@ -79,33 +75,54 @@ class JobsHandler(ApiHandler):
         (in chunks others' requests go between, see ``submit_bulk``), answered as a
         :class:`~jupyter_gpusched.core.api.JobArray`.
         Files sent with the jobs are written only once every job was checked, and removed
-        again when the submit fails.
+        again when the submit fails (``on_finish``).
         """
         sched = await self.scheduler()
         body = self.json_body()
+        self._check_limits(sched, body)
         self._uploads: list[PendingUploads] = []
-        try:
-            if isinstance(body, list):
-                specs = self._specs(sched, body)
-                self._write_uploads()
-                jobs = await sched.submit_bulk(specs)
-            else:
-                count = body.pop("array", None) if isinstance(body, dict) else None
-                _check_array(count)
-                spec = self._spec(sched, body)
-                self._write_uploads()
-                if count is None:
-                    job = await sched.submit_grouped(spec)
-                    where = url_path_join(self.base_url, API, "jobs", str(job.id))
-                    self.set_header("Location", where)
-                    self.write_model(sched.job_view(job, self.viewer), status=201)
-                    return
-                jobs = await sched.submit_bulk([spec] * count)
-        except BaseException:
-            for pending in self._uploads:
-                pending.discard()
-            raise
+        if isinstance(body, list):
+            specs = self._specs(sched, body)
+            self._write_uploads()
+            jobs = await sched.submit_bulk(specs)
+        else:
+            count = body.pop("array", None) if isinstance(body, dict) else None
+            _check_array(count)
+            spec = self._spec(sched, body)
+            self._write_uploads()
+            if count is None:
+                job = await sched.submit_grouped(spec)
+                where = url_path_join(self.base_url, API, "jobs", str(job.id))
+                self.set_header("Location", where)
+                self.write_model(sched.job_view(job, self.viewer), status=201)
+                return
+            jobs = await sched.submit_bulk([spec] * count)
         await self._write_array(sched, jobs)
+
+    def _check_limits(self, sched: Any, body: Any) -> None:
+        """The caller's limits, before anything is written: rate, bulk size, room in the queue.
+
+        A bulk submit counts every job it queues; its size is the request's own fault (422),
+        the rest passes with time (429).
+        """
+        mine = self.caller_limits(sched)
+        if mine.limits.off:
+            return
+        self.gate.take_submit(mine)
+        items = body if isinstance(body, list) else [body]
+        count = len(body) if isinstance(body, list) else 1
+        if isinstance(body, dict) and "array" in body:
+            array = body["array"]
+            if isinstance(array, int) and not isinstance(array, bool) and array > 0:
+                count = array
+        most = mine.limits.array_size
+        if most is not None and count > most and count > 1:
+            field = "body" if isinstance(body, list) else "array"
+            raise InvalidSpecError(field, refusal(mine, "array_size", 0, count))
+        leases = sum(
+            1 for item in items if isinstance(item, dict) and item.get("kind") == "lease"
+        ) * (count if isinstance(body, dict) else 1)
+        sched.check_room(mine, jobs=count, leases=leases)
 
     def _specs(self, sched: Any, body: list[Any]) -> list[JobSpec]:
         if not 1 <= len(body) <= MAX_ARRAY:
@@ -136,7 +153,7 @@ class JobsHandler(ApiHandler):
 
     def _write_uploads(self) -> None:
         for pending in self._uploads:
-            pending.write()
+            self.write_uploads(pending)
 
     async def _write_array(self, sched: Any, jobs: list[Job]) -> None:
         array_id = jobs[0].id
@@ -203,7 +220,7 @@ class LogHandler(ApiHandler):
 
     A follow holds an SSH channel on the job's node for as long as it lasts, so it stops as
     soon as its client goes (even while the job writes nothing), and each user holds at most
-    ``GpuSchedApp.max_follows_per_user`` at once.
+    ``GpuSchedApp.max_follows_per_user`` at once (and counts against the policy's ``streams``).
     """
 
     _follow: asyncio.Task[None] | None = None
@@ -230,15 +247,7 @@ class LogHandler(ApiHandler):
             self.set_header("X-Log-Offset", str(offset + len(data)))
             self.finish(data, set_content_type="text/plain; charset=utf-8")
             return
-        follows: dict[str, int] = self.settings.setdefault("gpusched_follows", {})
-        limit = int(self.settings.get("gpusched_max_follows", 4))
-        user = self.username
-        if follows.get(user, 0) >= limit:
-            raise TooManyError(
-                f"{user} already follows {limit} logs (GpuSchedApp.max_follows_per_user); "
-                "close one, or read with offset and limit"
-            )
-        follows[user] = follows.get(user, 0) + 1
+        close = self.gate.open_stream(self.caller_limits(sched), follow=True)  # or 429
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
         try:
             await self._follow
@@ -249,7 +258,7 @@ class LogHandler(ApiHandler):
                 raise
             return
         finally:
-            follows[user] -= 1
+            close()
         self.finish(set_content_type="text/plain; charset=utf-8")
 
     async def _pump(self, sched: Any, job_id: int, offset: int) -> None:

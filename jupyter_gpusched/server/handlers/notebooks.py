@@ -61,7 +61,11 @@ class _NotebookApi(ApiHandler):
         when the request is refused after all, the directory is left as it was.
         """
         plugin = await self.plugin()
+        sched = plugin.scheduler
         body = self.json_body()
+        mine = self.caller_limits(sched)
+        if not mine.limits.off:
+            self.gate.take_submit(mine)
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         root = self.notebook_root(self.username)
@@ -73,7 +77,9 @@ class _NotebookApi(ApiHandler):
                 "content (your Jupyter server does so for you)",
             )
         request = parse_request(body)
-        sched = plugin.scheduler
+        if content is not None and self.mode == "service":  # kept by the service: uploaded
+            size = len(self.request.body)
+            self.gate.uploads.check(mine, size, lambda: self.live_files(mine.user))
         with contextlib.ExitStack() as kept:
             if content is not None:
                 kept.enter_context(kept_notebook(content, request.notebook, root))
@@ -85,7 +91,12 @@ class _NotebookApi(ApiHandler):
                 now=sched.clock.now(),
                 recurring=recurring,
             )
-            return plugin.submit(submission)  # type: ignore[no-any-return]
+            if submission.schedule is None:  # a job now or later, not a definition
+                sched.check_room(mine, jobs=1)
+            answer = plugin.submit(submission)
+        if content is not None and self.mode == "service":
+            self.gate.uploads.added(self.username, len(self.request.body))
+        return answer  # type: ignore[no-any-return]
 
 
 class NotebooksHandler(_NotebookApi):
