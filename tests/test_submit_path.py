@@ -159,14 +159,16 @@ async def test_a_failed_group_commit_fails_its_submitters_and_the_next_one_works
     mem_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = mem_harness.sched.store
-    real = store.add_jobs
-    monkeypatch.setattr(store, "add_jobs", lambda specs: (_ for _ in ()).throw(OSError("disk")))
+    real = store.insert_queued  # the thread's commit (the memory harness has no writer)
+    monkeypatch.setattr(
+        store, "insert_queued", lambda values: (_ for _ in ()).throw(OSError("disk"))
+    )
     spec = parse_spec({"kind": "script", "command": ["true"], "user": "alice"})
     failed = await asyncio.gather(
         *(mem_harness.sched.submit_grouped(spec) for _ in range(3)), return_exceptions=True
     )
     assert [str(x) for x in failed] == ["disk"] * 3
-    monkeypatch.setattr(store, "add_jobs", real)
+    monkeypatch.setattr(store, "insert_queued", real)
     job = await mem_harness.sched.submit_grouped(spec)
     assert store.get_job(job.id).state is JobState.QUEUED
 
