@@ -236,11 +236,12 @@ class JobEventsHandler(ApiHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        """The job's events as its page shows them."""
+        """The job's events as its page shows them, cut like the events websocket's."""
         sched = await self.scheduler()
         jid = job_id_arg(job_id)
-        sched.get_job(jid)  # 404 for an unknown job
-        self.write_model(timeline(sched.store.list_events(job_id=jid, limit=MAX_EVENTS)))
+        job = sched.get_job(jid)  # 404 for an unknown job
+        events = sched.store.list_events(job_id=jid, limit=MAX_EVENTS)
+        self.write_model(timeline(events, viewer=self.viewer, owner=job.user))
 
 
 class LeasesHandler(ApiHandler):
