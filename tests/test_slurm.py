@@ -182,11 +182,11 @@ async def test_a_claimed_attempt_never_runs_even_when_its_launch_comes_late(
     name = commands.job_name(job)
     job_dir = state_dir / "work" / "jobs" / name
     job_dir.mkdir(parents=True)
+    env = {"GPUSCHED_LAUNCH_RECORD": backend.records.path(name), "GPUSCHED_JOB_DIR": str(job_dir)}
+    (job_dir / "launch.sh").write_text(commands.launch_file_text(["touch", str(marker)], env))
     late = slurm_cluster.sbatch(
         f"--job-name={name}", "--gres=gpu:1", f"--output={job_dir}/output.log",
-        f"--chdir={job_dir}", str(state_dir / "gpusched-batch.sh"),
-        f"GPUSCHED_LAUNCH_RECORD={backend.records.path(name)}", f"GPUSCHED_JOB_DIR={job_dir}",
-        "--", "touch", str(marker),
+        f"--chdir={job_dir}", str(state_dir / "gpusched-batch.sh"), str(job_dir / "launch.sh"),
     )  # fmt: skip
     slurm_cluster.wait_job(late, {"FAILED", "COMPLETED"})
 

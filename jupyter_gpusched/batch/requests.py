@@ -8,7 +8,6 @@ the policy windows; the job runs ``python -m jupyter_gpusched.node.nbrun`` in it
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from dataclasses import dataclass
@@ -231,7 +230,12 @@ def staged_notebook(spec: JobSpec) -> str | None:
 
 
 def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
-    """Argv that runs ``job``'s notebook through nbrun, in the job directory on the node."""
+    """Argv that runs ``job``'s notebook through nbrun, in the job directory on the node.
+
+    Its parameters are not in it: every user of a node reads command lines (``ps``). The
+    backend hands them to the job as a private file, ``$GPUSCHED_PARAMETERS_FILE``, which
+    nbrun reads.
+    """
     spec = job.spec
     assert spec.notebook is not None
     staged = staged_notebook(spec)
@@ -246,8 +250,6 @@ def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
     if staged:
         # nodes that share the server's filesystem get no staged copy, but see this path
         argv += ["--fallback-input", staged]
-    if spec.parameters:
-        argv += ["--parameters", json.dumps(spec.parameters)]
     if spec.kernel_name:
         argv += ["--kernel", spec.kernel_name]
     if CELL_TIMEOUT_LABEL in spec.labels:

@@ -42,19 +42,27 @@ __all__ = [  # the jobs' functions too: tests and callers know them as the agent
 ]
 
 
-def _read_spec(path: str, stdin: IO[str]) -> tuple[list[str], list[str]]:
-    """Argv and ``KEY=VALUE`` strings from a launch spec (big ones come this way, not argv)."""
+def _read_spec(path: str, stdin: IO[str]) -> tuple[list[str], list[str], dict[str, Any] | None]:
+    """Argv, ``KEY=VALUE`` strings and parameters from a launch spec.
+
+    The scheduler sends every launch's spec this way (on stdin), not as arguments: big ones
+    would not fit, and env values and parameters must never stand on a command line, which
+    every user of the node can read (``ps``).
+    """
     if path == "-":
         data = json.load(stdin)
     else:
         with open(path) as f:
             data = json.load(f)
     argv, env = data.get("argv"), data.get("env") or {}
+    parameters = data.get("parameters")
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise AgentError("the launch spec's argv must be a list of strings")
     if not isinstance(env, dict):
         raise AgentError("the launch spec's env must be an object")
-    return argv, [f"{k}={v}" for k, v in env.items()]
+    if parameters is not None and not isinstance(parameters, dict):
+        raise AgentError("the launch spec's parameters must be an object")
+    return argv, [f"{k}={v}" for k, v in env.items()], parameters
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     lp.add_argument("--gpus", help="comma-separated GPU UUIDs or indices for CUDA_VISIBLE_DEVICES")
     lp.add_argument("--log")
     lp.add_argument(
-        "--spec", metavar="FILE", help='JSON {"argv": [...], "env": {...}} to launch; - = stdin'
+        "--spec",
+        metavar="FILE",
+        help='JSON {"argv": [...], "env": {...}, "parameters": {...}} to launch; - = stdin',
     )
     lp.add_argument("argv", nargs=argparse.REMAINDER)
     cp = sub.add_parser("claim", help="a job dir's launch record, or claim it so none starts")
@@ -142,11 +152,19 @@ def _command(args: argparse.Namespace, umask: int, stdin: IO[str]) -> dict[str, 
     if args.cmd == "launch":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         env = list(args.env)
+        parameters = None
         if args.spec:
-            command, more = _read_spec(args.spec, stdin)
+            command, more, parameters = _read_spec(args.spec, stdin)
             env += more
         return launch(
-            args.job_dir, command, cwd=args.cwd, env=env, gpus=args.gpus, log=args.log, umask=umask
+            args.job_dir,
+            command,
+            cwd=args.cwd,
+            env=env,
+            gpus=args.gpus,
+            log=args.log,
+            umask=umask,
+            parameters=parameters,
         )
     if args.cmd == "status":
         return status(args.job_dir, args.pid, args.start_time)

@@ -1,7 +1,10 @@
 """Run one notebook on a GPU node: ``python -m jupyter_gpusched.node.nbrun INPUT --output OUT ...``.
 
 Started by the scheduler as a notebook job's command (see :mod:`jupyter_gpusched.batch.notebooks`).
-Parameters are injected the papermill way (:func:`papermill.parameterize.parameterize_notebook`:
+Its parameters come as a JSON file named by ``$GPUSCHED_PARAMETERS_FILE`` (0600, in the private
+job dir; the node agent writes it), never on the command line, which every user of the node
+reads (``ps``); ``--parameters JSON`` is for running it by hand. They are injected the
+papermill way (:func:`papermill.parameterize.parameterize_notebook`:
 a cell tagged ``injected-parameters`` after the one tagged ``parameters``, values written as
 literals of the kernel's language, so types survive), then nbclient executes the notebook.
 
@@ -105,7 +108,9 @@ class _Runner:
         import nbformat
 
         tmp = f"{self.output}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        # 0600 whatever the job's umask: it holds the parameters (metadata, injected cell)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             nbformat.write(self.nb, f)
         os.replace(tmp, self.output)
 
@@ -189,6 +194,9 @@ class _Runner:
         async def on_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
             self.write()
 
+        from jupyter_gpusched.node.stage import private_kernel_dirs
+
+        private_kernel_dirs()  # ~/.ipython and Jupyter's runtime folder, when the kernel makes them
         # The kernel talks to us over Unix sockets in a private directory, not loopback TCP:
         # other users of a shared node cannot reach it (and ipykernel has nothing to warn of).
         # A Unix socket path must stay under ~100 bytes: a long TMPDIR falls back to /tmp.
@@ -332,7 +340,11 @@ def _parser() -> argparse.ArgumentParser:
         "(the server's path, for nodes that share its filesystem)",
     )
     p.add_argument("--output", required=True, help="where the executed notebook goes")
-    p.add_argument("--parameters", default="{}", help="JSON object of parameters")
+    p.add_argument(
+        "--parameters",
+        help="JSON object of parameters (default: the file $GPUSCHED_PARAMETERS_FILE names, "
+        "or none); visible to every user of this machine while it runs, unlike that file",
+    )
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
     p.add_argument("--cwd", help="working directory of the kernel (default: here)")
     p.add_argument("--cell-timeout-s", type=float, help="stop a cell after this long")
@@ -340,15 +352,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parameters(given: str | None) -> dict[str, Any]:
+    """The parameters: ``--parameters``, else the file ``$GPUSCHED_PARAMETERS_FILE`` names."""
+    from jupyter_gpusched.node.jobs import PARAMETERS_ENV
+
+    if given is not None:
+        text, where = given, "--parameters"
+    elif path := os.environ.get(PARAMETERS_ENV):
+        with open(path, encoding="utf-8") as f:
+            text, where = f.read(), path
+    else:
+        return {}
+    try:
+        parameters = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not isinstance(parameters, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    return parameters
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     args = _parser().parse_args(argv)
     try:
-        parameters = json.loads(args.parameters)
-        if not isinstance(parameters, dict):
-            raise ValueError("must be a JSON object")
-    except ValueError as exc:
-        print(f"gpusched nbrun: --parameters: {exc}", file=sys.stderr)
+        parameters = _parameters(args.parameters)
+    except (OSError, ValueError) as exc:
+        print(f"gpusched nbrun: parameters: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     source = args.input
     if not os.path.exists(source) and args.fallback_input and os.path.exists(args.fallback_input):

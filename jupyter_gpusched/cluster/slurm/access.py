@@ -80,6 +80,22 @@ class SharedFiles:
         else:
             await self._as(user, ["mkdir", "-p", "-m", "0700", "--", path], f"creating {path}")
 
+    async def write(self, user: str | None, path: str, text: str) -> None:
+        """Write ``text`` to ``path`` as ``user`` (mind: in a private dir; as the service, 0600).
+
+        As another user it goes through ``dd`` (on the sudoers line already), whose file mode
+        is sudo's umask's: the file is private by the 0700 job dir it is written into.
+        """
+        if user is None:
+            tmp = f"{path}.tmp{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+            return
+        argv = ["dd", f"of={path}", "status=none"]
+        await self._as(user, argv, f"writing {path}", input=text)
+
     async def copy_in(self, user: str | None, sources: Sequence[str], target_dir: str) -> None:
         """Copy local files (or directories) into ``target_dir``, as ``user``."""
         if user is None:
