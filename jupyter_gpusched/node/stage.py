@@ -32,7 +32,7 @@ def private_dir(path: str) -> str:
     return full
 
 
-def _made_private(path: str) -> None:
+def private_folder(path: str) -> None:
     """Create ``path`` and its missing parents 0700; existing folders are left as they are."""
     missing = []
     while path and not os.path.lexists(path):
@@ -54,14 +54,14 @@ def private_kernel_dirs() -> None:
     opens them to every user of the node. Folders the user made are theirs to keep as they are.
     """
     home = os.path.expanduser("~")
-    _made_private(os.environ.get("IPYTHONDIR") or os.path.join(home, ".ipython"))
+    private_folder(os.environ.get("IPYTHONDIR") or os.path.join(home, ".ipython"))
     if runtime := os.environ.get("JUPYTER_RUNTIME_DIR"):
-        _made_private(runtime)
+        private_folder(runtime)
         return
     data = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
         os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter"
     )
-    _made_private(os.path.join(data, "runtime"))
+    private_folder(os.path.join(data, "runtime"))
 
 
 def _member_path(name: str) -> str:
