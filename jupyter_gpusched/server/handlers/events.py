@@ -13,6 +13,7 @@ from tornado import websocket
 from jupyter_gpusched.core.api import MAX_ID
 from jupyter_gpusched.core.errors import UnavailableError
 
+from ..streams import StreamGuard
 from .base import API, GpuSchedMixin
 
 
@@ -63,8 +64,12 @@ class EventsHandler(ListenOnlyWebSocket):
     """Websocket of scheduler events; ``?after=ID`` replays stored events newer than ID.
 
     The scheduler adds ``cluster`` messages (no id) after changes, at most one per second.
-    Each connection gets what its user may see (see :mod:`jupyter_gpusched.scheduling.events`).
+    Each connection gets what its user may see (see :mod:`jupyter_gpusched.scheduling.events`),
+    and closes (1008) once its caller's token, or the admin right it opened with, is revoked
+    (:mod:`..streams`).
     """
+
+    _guard: StreamGuard | None = None
 
     @ws_authenticated
     @authorized
@@ -77,8 +82,19 @@ class EventsHandler(ListenOnlyWebSocket):
 
     async def relay(self) -> AsyncIterator[str | bytes]:  # type: ignore[override]
         """Stored events after ``after``, then live ones."""
+        self._guard = StreamGuard(self, self._revoked)
+        self._guard.start()
         async for event in self._sched.subscribe(viewer=self._viewer, after_id=self._after):
             yield event.model_dump_json()
+
+    def _revoked(self, why: str) -> None:
+        """The caller's token no longer holds: close with 1008 (policy violation) and why."""
+        self.close(1008, why.encode()[:120].decode(errors="ignore"))
+
+    def stopped(self) -> None:
+        """The relay ended: stop re-checking its caller."""
+        if self._guard is not None:
+            self._guard.stop()
 
 
 handlers: list[tuple[str, type]] = [(f"{API}/events", EventsHandler)]

@@ -33,6 +33,7 @@ from jupyter_gpusched.core.errors import (
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
 
+from ..streams import StreamGuard
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
 
 #: Most stored events a timeline reads (a notebook's progress lines count).
@@ -166,11 +167,13 @@ class LogHandler(ApiHandler):
 
     A follow holds an SSH channel on the job's node for as long as it lasts, so it stops as
     soon as its client goes (even while the job writes nothing), and each user holds at most
-    ``GpuSchedApp.max_follows_per_user`` at once.
+    ``GpuSchedApp.max_follows_per_user`` at once. It ends too once its caller's token (or the
+    admin right it was opened with) is revoked (:mod:`..streams`).
     """
 
     _follow: asyncio.Task[None] | None = None
     _gone = False
+    _ended_by: str | None = None  # why the server ended the follow (a revoked token)
 
     @web.authenticated
     @authorized
@@ -203,17 +206,27 @@ class LogHandler(ApiHandler):
             )
         follows[user] = follows.get(user, 0) + 1
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
+        guard = StreamGuard(self, self._end)
+        guard.start()
         try:
             await self._follow
         except StreamClosedError:
             return  # the client went away; nothing left to tell it
         except asyncio.CancelledError:
-            if not self._gone:
+            if self._gone:
+                return
+            if self._ended_by is None:
                 raise
-            return
         finally:
+            guard.stop()
             follows[user] -= 1
         self.finish(set_content_type="text/plain; charset=utf-8")
+
+    def _end(self, why: str) -> None:
+        """The caller's token no longer holds: end the follow (its body ends cleanly)."""
+        self._ended_by = why
+        if self._follow is not None:
+            self._follow.cancel()
 
     async def _pump(self, sched: Any, job_id: int, offset: int) -> None:
         await self.flush()  # the status line now: the client knows the follow is on
