@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help='JSON {"argv": [...], "env": {...}, "parameters": {...}} to launch; - = stdin',
     )
+    lp.add_argument(
+        "--accounts-checked",
+        metavar="FINGERPRINT",
+        help="sudo allowed this agent's user after this accounts fingerprint was taken "
+        "(serve --watch-accounts)",
+    )
     lp.add_argument("argv", nargs=argparse.REMAINDER)
     cp = sub.add_parser("claim", help="a job dir's launch record, or claim it so none starts")
     cp.add_argument("--job-dir", required=True)
@@ -113,7 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     np.add_argument("--timeout", type=float, default=30.0)
     rp = sub.add_parser("remove", help="remove a file (a lease kernel's connection file)")
     rp.add_argument("--path", required=True)
-    sub.add_parser("serve", help=f"answer {', '.join(SERVED)} requests, a JSON line each")
+    sv = sub.add_parser("serve", help=f"answer {', '.join(SERVED)} requests, a JSON line each")
+    sv.add_argument(
+        "--watch-accounts",
+        action="store_true",
+        help="started through sudo: launch nothing once the files deciding whom sudo runs "
+        "the agent as changed, until the scheduler asked sudo again (see node/accounts.py)",
+    )
     return p
 
 
@@ -183,14 +195,22 @@ def _command(args: argparse.Namespace, umask: int, stdin: IO[str]) -> dict[str, 
 SERVED = ("launch", "status", "remove")
 
 
-def serve(umask: int) -> int:
+def serve(umask: int, *, watch_accounts: bool = False) -> int:
     """Answer requests on stdin until it closes: ``{"args": [...], "input": "..."}`` per line.
 
     Each answer is one line ``{"exit": 0|1, "answer": {...}}``, in the order asked. The
     scheduler keeps one serving agent per node and account on its pooled connection, so a
     launch costs a line each way instead of a Python start-up on the node.
+
+    ``watch_accounts`` (an agent sudo started): a launch is answered ``{"recheck": FP}``
+    instead, launching nothing, when what decides sudo's answer may have changed since sudo
+    was last asked (:mod:`.accounts`); the scheduler asks sudo, then sends the launch again
+    with ``--accounts-checked FP``.
     """
+    from .accounts import AccountWatch
+
     parser = _parser()
+    watch = AccountWatch() if watch_accounts else None
     while line := sys.stdin.buffer.readline():
         try:
             request = json.loads(line)
@@ -200,7 +220,14 @@ def serve(umask: int) -> int:
                 raise AgentError(f"malformed request {request['args']!r}") from None
             if args.cmd not in SERVED or args.setenv:
                 raise AgentError(f"a serving agent answers only {', '.join(SERVED)}")
-            result, code = _command(args, umask, io.StringIO(request.get("input") or "")), 0
+            recheck = None
+            if watch is not None and args.cmd == "launch":
+                recheck = watch.may_launch(args.accounts_checked)
+            if recheck is not None:
+                why = "the node's accounts or sudoers changed: ask sudo again before launching"
+                result, code = {"error": why, "recheck": recheck}, 1
+            else:
+                result, code = _command(args, umask, io.StringIO(request.get("input") or "")), 0
         except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
             result, code = {"error": str(exc)}, 1
         sys.stdout.write(json.dumps({"exit": code, "answer": result}) + "\n")
@@ -214,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         umask = _as_started(args.setenv)
         if args.cmd == "serve":
-            return serve(umask)
+            return serve(umask, watch_accounts=args.watch_accounts)
         if args.cmd == "log":
             log(
                 args.file,
