@@ -110,9 +110,15 @@ def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
     # what a job gets: its parameters in a private file the environment names
     (tmp_path / "parameters.json").write_text("[1, 2]")
     env = {**os.environ, "GPUSCHED_PARAMETERS_FILE": str(tmp_path / "parameters.json")}
-    proc = nbrun("nb.ipynb", "--output", "out.ipynb", cwd=tmp_path, env=env)
+    from_env = ("--parameters-env", "GPUSCHED_PARAMETERS_FILE")
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "parameters.json: must be a JSON object" in log
+    # promised but not handed over (a node agent older than the scheduler): loud, not defaults
+    del env["GPUSCHED_PARAMETERS_FILE"]
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "$GPUSCHED_PARAMETERS_FILE is not set" in log
     assert not (tmp_path / "out.ipynb").exists()
     missing = nbrun("gone.ipynb", "--output", "out.ipynb", cwd=tmp_path)
     log, _ = missing.communicate(timeout=60)

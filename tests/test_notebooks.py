@@ -278,6 +278,8 @@ def test_the_command_runs_nbrun_on_the_staged_copy_and_leaves_the_parameters_off
         "a b.gpusched-out.ipynb",
         "--fallback-input",
         "/srv/root/exp/a b.ipynb",
+        "--parameters-env",  # the name of the file's variable: the values stay off the line
+        "GPUSCHED_PARAMETERS_FILE",
         "--kernel",
         "python3",
         "--cell-timeout-s",

@@ -23,6 +23,7 @@ from jupyter_gpusched.core.models import (
     JobSpec,
     parse_spec,
 )
+from jupyter_gpusched.node.jobs import PARAMETERS_ENV
 
 from .cron import check_schedule, check_timezone
 
@@ -234,7 +235,7 @@ def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
 
     Its parameters are not in it: every user of a node reads command lines (``ps``). The
     backend hands them to the job as a private file, ``$GPUSCHED_PARAMETERS_FILE``, which
-    nbrun reads.
+    nbrun reads (``--parameters-env``).
     """
     spec = job.spec
     assert spec.notebook is not None
@@ -250,6 +251,9 @@ def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
     if staged:
         # nodes that share the server's filesystem get no staged copy, but see this path
         argv += ["--fallback-input", staged]
+    if spec.parameters:
+        # their name, not their values: a node too old to hand them over fails the job loudly
+        argv += ["--parameters-env", PARAMETERS_ENV]
     if spec.kernel_name:
         argv += ["--kernel", spec.kernel_name]
     if CELL_TIMEOUT_LABEL in spec.labels:

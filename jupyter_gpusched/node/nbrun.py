@@ -1,9 +1,10 @@
 """Run one notebook on a GPU node: ``python -m jupyter_gpusched.node.nbrun INPUT --output OUT ...``.
 
 Started by the scheduler as a notebook job's command (see :mod:`jupyter_gpusched.batch.notebooks`).
-Its parameters come as a JSON file named by ``$GPUSCHED_PARAMETERS_FILE`` (0600, in the private
-job dir; the node agent writes it), never on the command line, which every user of the node
-reads (``ps``); ``--parameters JSON`` is for running it by hand. They are injected the
+Its parameters come as a JSON file (``--parameters-env GPUSCHED_PARAMETERS_FILE``: the file that
+variable names, 0600 in the private job dir, which the node agent writes), never on the command
+line, which every user of the node reads (``ps``); ``--parameters JSON`` is for running it by
+hand. They are injected the
 papermill way (:func:`papermill.parameterize.parameterize_notebook`:
 a cell tagged ``injected-parameters`` after the one tagged ``parameters``, values written as
 literals of the kernel's language, so types survive), then nbclient executes the notebook.
@@ -340,10 +341,16 @@ def _parser() -> argparse.ArgumentParser:
         "(the server's path, for nodes that share its filesystem)",
     )
     p.add_argument("--output", required=True, help="where the executed notebook goes")
-    p.add_argument(
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
         "--parameters",
-        help="JSON object of parameters (default: the file $GPUSCHED_PARAMETERS_FILE names, "
-        "or none); visible to every user of this machine while it runs, unlike that file",
+        help="JSON object of parameters; every user of this machine sees it while this runs",
+    )
+    given.add_argument(
+        "--parameters-env",
+        metavar="VAR",
+        help="read the parameters from the JSON file the environment variable VAR names "
+        "(what the scheduler does: GPUSCHED_PARAMETERS_FILE)",
     )
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
     p.add_argument("--cwd", help="working directory of the kernel (default: here)")
@@ -352,13 +359,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parameters(given: str | None) -> dict[str, Any]:
-    """The parameters: ``--parameters``, else the file ``$GPUSCHED_PARAMETERS_FILE`` names."""
-    from jupyter_gpusched.node.jobs import PARAMETERS_ENV
-
+def _parameters(given: str | None, env: str | None) -> dict[str, Any]:
+    """The parameters: ``--parameters``, the file ``--parameters-env`` names, or none."""
     if given is not None:
         text, where = given, "--parameters"
-    elif path := os.environ.get(PARAMETERS_ENV):
+    elif env is not None:
+        path = os.environ.get(env)
+        if not path:
+            raise ValueError(
+                f"${env} is not set: the node agent did not hand the parameters over "
+                "(is its jupyter-gpusched older than the scheduler's?)"
+            )
         with open(path, encoding="utf-8") as f:
             text, where = f.read(), path
     else:
@@ -376,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     args = _parser().parse_args(argv)
     try:
-        parameters = _parameters(args.parameters)
+        parameters = _parameters(args.parameters, args.parameters_env)
     except (OSError, ValueError) as exc:
         print(f"gpusched nbrun: parameters: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
