@@ -62,7 +62,7 @@ class StreamGuard:
                 failing = True
                 continue
             failing = False
-            why = _why_not(name, admin, now)
+            why = _why_not(name, admin, now, now is not None and self._admin(now))
             if why is not None:
                 log.info("gpusched: ending %s's open stream: %s", name, why)
                 self._task = None
@@ -70,13 +70,20 @@ class StreamGuard:
                     self._end(why)
                 return
 
+    def _admin(self, user: Any) -> bool:
+        """Whether ``user`` (as identified now) is an admin: the handler's ``is_admin`` rule."""
+        said = getattr(user, "gpusched_admin", None)
+        if said is not None:
+            return bool(said)
+        return user.username in self._handler.settings.get("gpusched_admins", ())
 
-def _why_not(name: str, admin: bool, now: Any) -> str | None:
+
+def _why_not(name: str, admin: bool, now: Any, admin_now: bool) -> str | None:
     """Why a stream opened by ``name`` (an admin or not) may go on no longer; None: it may."""
     if now is None:
         return f"the token of {name} was revoked"
     if now.username != name:
         return f"the token no longer names {name}"
-    if admin and not getattr(now, "gpusched_admin", False):
+    if admin and not admin_now:
         return f"{name} is no longer an admin of the queue"
     return None

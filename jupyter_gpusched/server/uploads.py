@@ -18,7 +18,6 @@ import uuid
 from typing import Any
 
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
-from jupyter_gpusched.node.stage import private_folder
 
 #: Largest single file, and all files of one request together, as raw bytes.
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -126,6 +125,8 @@ def inline_notebook(request: dict[str, Any], root: str) -> None:
 
 def _private_dir(path: str) -> str:
     """``path`` as a folder only this server's user enters; missing parents are made 0700."""
+    from jupyter_gpusched.node.stage import private_folder
+
     private_folder(path)
     os.chmod(path, 0o700)
     return path
@@ -171,7 +172,7 @@ def store_uploads(uploads: Any, folder: str) -> list[str]:
             )
         mode = int(item.get("mode", 0o600)) & 0o700 or 0o600  # the owner's bits only
         dest = os.path.join(target, rel)
-        private_folder(os.path.dirname(dest))
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -191,7 +192,7 @@ def store_notebook(content: Any, rel: str, folder: str) -> str:
     if len(text) > MAX_FILE_BYTES:
         raise InvalidSpecError("content", f"larger than {MAX_FILE_BYTES >> 20} MB")
     dest = os.path.join(_private_dir(folder), rel)
-    private_folder(os.path.dirname(dest))
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
     tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
