@@ -33,7 +33,6 @@ from jupyter_gpusched.core.errors import (
 from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
 from jupyter_gpusched.scheduling.timeline import timeline
 
-from ..streams import StreamGuard
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
 
 #: Most stored events a timeline reads (a notebook's progress lines count).
@@ -167,8 +166,7 @@ class LogHandler(ApiHandler):
 
     A follow holds an SSH channel on the job's node for as long as it lasts, so it stops as
     soon as its client goes (even while the job writes nothing), and each user holds at most
-    ``GpuSchedApp.max_follows_per_user`` at once. It ends too once its caller's token (or the
-    admin right it was opened with) is revoked (:mod:`..streams`).
+    ``GpuSchedApp.max_follows_per_user`` at once.
     """
 
     _follow: asyncio.Task[None] | None = None
@@ -206,8 +204,7 @@ class LogHandler(ApiHandler):
             )
         follows[user] = follows.get(user, 0) + 1
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
-        guard = StreamGuard(self, self._end)
-        guard.start()
+        self._guard_follow()
         try:
             await self._follow
         except StreamClosedError:
@@ -218,9 +215,20 @@ class LogHandler(ApiHandler):
             if self._ended_by is None:
                 raise
         finally:
-            guard.stop()
             follows[user] -= 1
         self.finish(set_content_type="text/plain; charset=utf-8")
+
+    def _guard_follow(self) -> None:
+        """End the follow once its caller's token or admin right is revoked (:mod:`..streams`).
+
+        The check stops when the follow ends, however it ends.
+        """
+        from ..streams import StreamGuard
+
+        assert self._follow is not None
+        guard = StreamGuard(self, self._end)
+        guard.start()
+        self._follow.add_done_callback(lambda _: guard.stop())
 
     def _end(self, why: str) -> None:
         """The caller's token no longer holds: end the follow (its body ends cleanly)."""
