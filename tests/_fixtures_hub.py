@@ -39,7 +39,9 @@ from _fixtures_users import REPO_ROOT, UnixUser, UserPython, shared_tempdir
 CHP_LOCAL = REPO_ROOT / ".cache" / "chp" / "node_modules" / ".bin" / "configurable-http-proxy"
 ADMIN_SCOPE = "custom:gpusched:admin"
 #: What the harness's own service token may do (the REST calls of ``Hub``).
-HARNESS_SCOPES = ["admin:users", "admin:servers", "tokens", "read:roles", "list:services"]
+HARNESS_SCOPES = [
+    "admin:users", "admin:servers", "admin:groups", "tokens", "read:roles", "list:services"
+]  # fmt: skip
 #: Extensions installed in the venv that single-user servers skip by default (seconds each).
 SLOW_EXTENSIONS = (
     "jupyterlab",

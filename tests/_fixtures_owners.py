@@ -43,10 +43,18 @@ def sudoers_line(scheduler: str, agent: str, group: str = SUDO_GROUP) -> str:
 class OwnersNode:
     """The sshd, the users' keys, the agent's entry point and the sudoers drop-in."""
 
-    def __init__(self, sshd: Sshd, python: UserPython, users: dict[str, UnixUser]) -> None:
+    def __init__(
+        self,
+        sshd: Sshd,
+        python: UserPython,
+        users: dict[str, UnixUser],
+        *,
+        group: str = SUDO_GROUP,
+    ) -> None:
         self.sshd = sshd
         self.python = python
         self.users = users
+        self.group = group  # the sudoers line's group: alice and bob are in it
         self.keys = sshd.private / "keys"
         self.agent = sshd.dir / "agent" / "gpusched-agent"
         self.sudoers = Path(f"/etc/sudoers.d/gpusched_test_{sshd.token}")
@@ -76,18 +84,23 @@ class OwnersNode:
             "from jupyter_gpusched.node.agent import main\n\nsys.exit(main())\n"
         )
         self.agent.chmod(0o755)
-        subprocess.run(["groupadd", "-f", SUDO_GROUP], check=True)
-        members = grp.getgrnam(SUDO_GROUP).gr_mem
+        subprocess.run(["groupadd", "-f", self.group], check=True)
+        members = grp.getgrnam(self.group).gr_mem
         for name in SUDO_MEMBERS:
             if name not in members:
-                subprocess.run(["gpasswd", "-a", name, SUDO_GROUP], check=True, capture_output=True)
+                self.set_member(name, True)
         if "carol" in members:
-            subprocess.run(["gpasswd", "-d", "carol", SUDO_GROUP], check=True, capture_output=True)
+            self.set_member("carol", False)
         draft = self.sshd.private / "sudoers"
-        draft.write_text(sudoers_line(self.sshd.user, str(self.agent)))
+        draft.write_text(sudoers_line(self.sshd.user, str(self.agent), self.group))
         subprocess.run(["visudo", "-cqf", str(draft)], check=True)
         draft.chmod(0o440)
         shutil.move(draft, self.sudoers)  # sudo reads drop-ins whose names have no '.'
+
+    def set_member(self, name: str, member: bool) -> None:
+        """Put ``name`` in the sudoers line's group, or take them out (as an admin would)."""
+        flag = "-a" if member else "-d"
+        subprocess.run(["gpasswd", flag, name, self.group], check=True, capture_output=True)
 
     def stop(self) -> None:
         """Remove the sudoers line and the users' job dirs (sshd.stop kills the jobs)."""
@@ -139,11 +152,13 @@ def skip_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def running_owners_node(python: UserPython, users: dict[str, UnixUser]) -> Iterator[OwnersNode]:
-    """A started :class:`OwnersNode`, torn down afterwards."""
+def running_owners_node(
+    python: UserPython, users: dict[str, UnixUser], *, group: str = SUDO_GROUP
+) -> Iterator[OwnersNode]:
+    """A started :class:`OwnersNode`, torn down afterwards (its sudoers line names ``group``)."""
     directory = world_readable_dir("gpusched-owners-")
     sshd = Sshd(directory)
-    node = OwnersNode(sshd, python, users)
+    node = OwnersNode(sshd, python, users, group=group)
     try:
         node.setup()
         sshd.start()

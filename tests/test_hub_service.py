@@ -8,6 +8,7 @@ and forward to it with their own server token. carol holds ``custom:gpusched:adm
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tornado import httpclient, websocket
 
 pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
@@ -33,6 +35,9 @@ from _lab_scenarios import (  # noqa: E402
 __all__ = ["hub_factory", "unix_users", "user_python"]  # fixtures
 
 pytestmark = pytest.mark.slow
+
+#: The Hub group whose members administer the queue (besides carol's scope).
+ADMIN_GROUP = "gpu-admins"
 
 #: Runs a notebook in a kernel as the calling Unix user, against that user's server.
 RUN_CELLS = textwrap.dedent(
@@ -115,7 +120,7 @@ def lab(
             "group_limits": {"gpu-small": {"array_size": 2}},
         },
         "GpuSchedService": {"allow_root": True, "data_dir": str(root / "service-data")},
-        "HubIdentityProvider": {"cache_s": 2},
+        "HubIdentityProvider": {"cache_s": 2, "admin_groups": [ADMIN_GROUP]},
     }
     (root / "service_config.json").write_text(json.dumps(config))
     env = {
@@ -154,8 +159,8 @@ def test_a_definition_outlives_its_owners_stopped_server_under_the_hub(lab: HubL
 
 
 def test_the_hubs_groups_set_their_members_limits(lab: HubLab) -> None:
-    far = FAR_FUTURE
-    three = {"kind": "script", "command": ["true"], "gpus": 0, "array": 3, "not_before": far}
+
+    three = {"kind": "script", "command": ["true"], "gpus": 0, "array": 3, "not_before": FAR_FUTURE}
     code, body = status_of(lab, "bob", "POST", "jobs", three)  # through bob's own server
     assert code == 422 and body["field"] == "array"
     assert "the limit (GpuSchedPolicy.group_limits['gpu-small'] array_size) is 2" in body["message"]
@@ -163,3 +168,47 @@ def test_the_hubs_groups_set_their_members_limits(lab: HubLab) -> None:
     queued = lab.call("alice", "POST", "jobs", three)  # not in the group
     for job in queued["jobs"]:
         lab.call("alice", "DELETE", f"jobs/{job['id']}")
+
+
+async def _events(lab: HubLab, token: str) -> websocket.WebSocketClientConnection:
+    """The service's events websocket, opened with a Hub token."""
+    url = lab.hub.service_url().replace("http", "ws") + "gpusched/api/events?after=-1"
+    request = httpclient.HTTPRequest(url, headers={"Authorization": f"token {token}"})
+    return await websocket.websocket_connect(request)
+
+
+async def _closed_within(ws: websocket.WebSocketClientConnection, timeout_s: float) -> Any:
+    async def closed() -> Any:
+        while await ws.read_message() is not None:
+            pass
+        return ws.close_code, ws.close_reason
+
+    return await asyncio.wait_for(closed(), timeout_s)
+
+
+@pytest.mark.asyncio
+async def test_the_hub_revoking_a_token_or_an_admin_group_ends_those_streams_within_5_s(
+    lab: HubLab,
+) -> None:
+    hub = lab.hub
+    hub.api("POST", f"groups/{ADMIN_GROUP}")
+    hub.api("POST", f"groups/{ADMIN_GROUP}/users", {"users": ["bob"]})
+    made = hub.api("POST", "users/alice/tokens", {"note": "revoked by the test"})
+    alice, bob = made["token"], hub.new_token("bob")
+    secret = lab.call("alice", "POST", "jobs", {
+        "kind": "script", "command": ["true"], "gpus": 0, "env": {"KEY": "s3cret"},
+        "not_before": FAR_FUTURE,
+    })  # fmt: skip
+    seen = http("GET", f"{hub.service_url()}gpusched/api/jobs/{secret['id']}", token=bob)
+    assert seen.json()["spec"]["env"] == {"KEY": "s3cret"}  # the group makes bob an admin
+    hers, his = await _events(lab, alice), await _events(lab, bob)
+    try:
+        hub.api("DELETE", f"groups/{ADMIN_GROUP}/users", {"users": ["bob"]})
+        assert await _closed_within(his, 5.0) == (1008, "bob is no longer an admin of the queue")
+        hub.api("DELETE", f"users/alice/tokens/{made['id']}")
+        assert await _closed_within(hers, 5.0) == (1008, "the token of alice was revoked")
+    finally:
+        hers.close()
+        his.close()
+        hub.api("DELETE", f"groups/{ADMIN_GROUP}")
+        lab.admin("DELETE", f"jobs/{secret['id']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,10 +18,11 @@ from jupyter_gpusched.core.progress import ProgressFilter, parse_progress, strip
 from jupyter_gpusched.node.nbrun import first_line, progress_line
 
 
-def nbrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
+def nbrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "jupyter_gpusched.node.nbrun", *args],
         cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -104,6 +106,19 @@ def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
     proc = nbrun("nb.ipynb", "--output", "out.ipynb", "--parameters", "[1, 2]", cwd=tmp_path)
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "must be a JSON object" in log
+    assert not (tmp_path / "out.ipynb").exists()
+    # what a job gets: its parameters in a private file the environment names
+    (tmp_path / "parameters.json").write_text("[1, 2]")
+    env = {**os.environ, "GPUSCHED_PARAMETERS_FILE": str(tmp_path / "parameters.json")}
+    from_env = ("--parameters-env", "GPUSCHED_PARAMETERS_FILE")
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "parameters.json: must be a JSON object" in log
+    # promised but not handed over (a node agent older than the scheduler): loud, not defaults
+    del env["GPUSCHED_PARAMETERS_FILE"]
+    proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "$GPUSCHED_PARAMETERS_FILE is not set" in log
     assert not (tmp_path / "out.ipynb").exists()
     missing = nbrun("gone.ipynb", "--output", "out.ipynb", cwd=tmp_path)
     log, _ = missing.communicate(timeout=60)

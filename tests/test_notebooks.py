@@ -257,7 +257,7 @@ def test_submissions_refuse_paths_outside_the_root_and_bad_parameter_names(
     assert (recurring.schedule, recurring.timezone) == ("30 2 * * *", "Europe/Berlin")
 
 
-def test_the_command_runs_nbrun_on_the_staged_copy_with_json_parameters() -> None:
+def test_the_command_runs_nbrun_on_the_staged_copy_and_leaves_the_parameters_off_it() -> None:
     spec = parse_spec(
         {
             "kind": "notebook",
@@ -278,8 +278,8 @@ def test_the_command_runs_nbrun_on_the_staged_copy_with_json_parameters() -> Non
         "a b.gpusched-out.ipynb",
         "--fallback-input",
         "/srv/root/exp/a b.ipynb",
-        "--parameters",
-        '{"lr": 0.1}',
+        "--parameters-env",  # the name of the file's variable: the values stay off the line
+        "GPUSCHED_PARAMETERS_FILE",
         "--kernel",
         "python3",
         "--cell-timeout-s",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -182,11 +183,11 @@ async def test_a_claimed_attempt_never_runs_even_when_its_launch_comes_late(
     name = commands.job_name(job)
     job_dir = state_dir / "work" / "jobs" / name
     job_dir.mkdir(parents=True)
+    env = {"GPUSCHED_LAUNCH_RECORD": backend.records.path(name), "GPUSCHED_JOB_DIR": str(job_dir)}
+    (job_dir / "launch.sh").write_text(commands.launch_file_text(["touch", str(marker)], env))
     late = slurm_cluster.sbatch(
         f"--job-name={name}", "--gres=gpu:1", f"--output={job_dir}/output.log",
-        f"--chdir={job_dir}", str(state_dir / "gpusched-batch.sh"),
-        f"GPUSCHED_LAUNCH_RECORD={backend.records.path(name)}", f"GPUSCHED_JOB_DIR={job_dir}",
-        "--", "touch", str(marker),
+        f"--chdir={job_dir}", str(state_dir / "gpusched-batch.sh"), str(job_dir / "launch.sh"),
     )  # fmt: skip
     slurm_cluster.wait_job(late, {"FAILED", "COMPLETED"})
 
@@ -243,23 +244,33 @@ async def test_owner_mode_runs_the_job_as_its_owner_and_reads_their_private_log(
     if root_only_reason():
         pytest.skip(root_only_reason())
     alice = ensure_user("alice")
-    backend = backend_for(slurm_cluster, state_dir, run_as="owner", workdir="~/.gpusched/slurm")
+    fresh = f".gpusched-slurm-test-{state_dir.name}"  # folders this test makes in her home
+    workdir = f"~/{fresh}/slurm"
+    backend = backend_for(slurm_cluster, state_dir, run_as="owner", workdir=workdir)
     await backend.start()
     await backend.inventory()
     try:
-        job = make_job(["sh", "-c", 'id -un; echo "$HOME"'], gpus=1, user="alice")
+        command = ["sh", "-c", 'id -un; echo "$HOME"; echo "$SECRET"']
+        job = make_job(command, gpus=1, user="alice", env={"SECRET": "it's $(id)"})
         job = await launched(backend, job, at(0))
         assert (await until(backend, job, ended)).exit_code == 0
         job_dir = Path(job.handle["job_dir"])
         assert job_dir.is_relative_to(alice.home)
         assert job_dir.stat().st_uid == alice.uid and job_dir.stat().st_mode & 0o777 == 0o700
-        assert (await backend.read_log(job)).decode().split() == ["alice", str(alice.home)]
+        # every folder made for her is hers alone, not only the job dir
+        top = alice.home / fresh
+        made = [top / rel for rel in job_dir.relative_to(top).parents]  # top, slurm, jobs
+        modes = {str(p): p.stat().st_mode & 0o777 for p in made}
+        assert set(modes.values()) == {0o700}, modes
+        said = ["alice", str(alice.home), "it's $(id)"]
+        assert (await backend.read_log(job)).decode().splitlines() == said
         local = state_dir / "fetched.log"
         await backend.fetch_file(job, job.handle["log"], str(local))
-        assert local.read_text().split() == ["alice", str(alice.home)]
+        assert local.read_text().splitlines() == said
     finally:
         await backend.close()
         slurm_cluster.cancel_all()
+        shutil.rmtree(alice.home / fresh, ignore_errors=True)
 
 
 async def test_a_lease_kernel_is_reached_over_ssh_when_nodes_name_the_slurm_node(

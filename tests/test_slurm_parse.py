@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -112,7 +114,6 @@ def test_sacct_rows_carry_exit_code_and_signal() -> None:
 
 
 def test_sbatch_line_carries_the_packers_node_and_the_jobs_limits_and_no_shell() -> None:
-    hostile = ["python", "train.py", "--name", "a b; rm -rf ~ $(id)", "x,y=z"]
     submission = commands.Submission(
         name="gpusched-5.0-20261123T090000",
         node="gpu1",
@@ -124,8 +125,7 @@ def test_sbatch_line_carries_the_packers_node_and_the_jobs_limits_and_no_shell()
         workdir="/home/alice/.gpusched/slurm/jobs/x",
         log="/home/alice/.gpusched/slurm/jobs/x/output.log",
         script="/srv/gpusched/gpusched-batch.sh",
-        command=hostile,
-        env={"LR": "0.1,0.2", "GPUSCHED_JOB_ID": "5"},
+        launch_file="/home/alice/.gpusched/slurm/jobs/x/launch.sh",
         partition="gpu",
         extra=["--account=lab"],
     )
@@ -135,16 +135,33 @@ def test_sbatch_line_carries_the_packers_node_and_the_jobs_limits_and_no_shell()
                    "--gres=gpu:a100:2", "--cpus-per-task=2", "--mem=512M", "--time=60",
                    "--no-requeue", "--partition=gpu", "--account=lab"):  # fmt: skip
         assert option in argv
+    # the job's argv and env stay off the line, in the launch file of its private job dir
     tail = argv[argv.index("/srv/gpusched/gpusched-batch.sh") + 1 :]
-    assert tail == ["LR=0.1,0.2", "GPUSCHED_JOB_ID=5", "--", *hostile]
+    assert tail == ["/home/alice/.gpusched/slurm/jobs/x/launch.sh"]
     assert commands.as_user("alice", ["scancel", "7"]) == [
         "sudo", "-n", "-u", "alice", "--", "scancel", "7"
     ]  # fmt: skip
 
 
+def test_the_launch_file_gives_the_batch_script_the_jobs_argv_and_env_verbatim(
+    tmp_path: Path,
+) -> None:
+    hostile = ["printf", "%s|", "a b; rm -rf ~ $(id)", "x,y=z", "it's", "line\nbreak", ""]
+    env = {"LR": "0.1,0.2", "SECRET": "$(id) `id` 'q' \"dq\"\n", "EMPTY": ""}
+    launch = tmp_path / "launch.sh"
+    launch.write_text(commands.launch_file_text(hostile, env))
+    script = tmp_path / "run.sh"
+    script.write_text('. "$1" || exit 126\n"$@"\nprintf "%s|" "$LR" "$SECRET" "$EMPTY"\n')
+    done = subprocess.run(["sh", str(script), str(launch)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "|".join([*hostile[2:], *env.values()]) + "|"
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        commands.launch_file_text(["true"], {"1X": "y"})
+
+
 def test_a_job_without_gpus_or_limit_asks_slurm_for_neither() -> None:
     argv = commands.Submission(
-        "n", "gpu1", 0, "", 1, 1, None, "/w", "/w/log", "/s.sh", ["true"], {}
+        "n", "gpu1", 0, "", 1, 1, None, "/w", "/w/log", "/s.sh", "/w/launch.sh"
     ).argv()
     assert not [a for a in argv if a.startswith(("--gres", "--time", "--partition"))]
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -25,6 +27,7 @@ from jupyter_gpusched.core.models import (
     Placement,
     PriorityClass,
 )
+from jupyter_gpusched.store.engine import exposure
 from jupyter_gpusched.store.store import Store
 
 S = JobState
@@ -533,6 +536,56 @@ def test_default_url_is_a_sqlite_file_in_the_jupyter_data_dir(
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     st.close()
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The common umask 022, which leaves what a process makes readable by everyone."""
+    before = os.umask(0o022)
+    yield
+    os.umask(before)
+
+
+def test_a_new_sqlite_store_is_0600_in_a_0700_folder_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: ManualClock, open_umask: None
+) -> None:
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    url = Store.default_url()
+    st = Store(url, clock=clock)
+    st.migrate()
+    st.add_job(script(env={"WANDB_API_KEY": "s3cret"}))
+    folder = tmp_path / "data" / "gpusched"
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (folder, *folder.iterdir())}
+    st.close()
+    # SQLite gives the WAL and its index the database file's mode
+    assert modes == {
+        "gpusched": 0o700,
+        "gpusched.db": 0o600,
+        "gpusched.db-wal": 0o600,
+        "gpusched.db-shm": 0o600,
+    }
+    assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700  # made here: ours too
+    assert exposure(url) == []
+
+
+def test_a_store_open_to_other_users_is_named_with_what_to_run(
+    tmp_path: Path, clock: ManualClock, open_umask: None
+) -> None:
+    folder = tmp_path / "shared folder"
+    folder.mkdir(mode=0o755)
+    db = folder / "gpusched.db"
+    db.touch(mode=0o644)  # as an earlier version made it
+    url = f"sqlite:///{db}"
+    Store(url, clock=clock).close()  # an existing file is left as it is
+    said = exposure(url)
+    assert len(said) == 2, said
+    assert f"({db} 0644)" in said[0] and said[0].endswith(f"run: chmod 600 '{db}'")
+    assert f"{folder} is open to other users (0755)" in said[1]
+    assert f"run: chmod 700 '{folder}'" in said[1]
+    db.chmod(0o600)
+    folder.chmod(0o700)
+    assert exposure(url) == []
+    assert exposure("sqlite://") == exposure("postgresql://db/gpusched") == []
 
 
 def test_only_waiting_reasons_commit_without_their_own_fsync(

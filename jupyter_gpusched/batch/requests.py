@@ -8,7 +8,6 @@ the policy windows; the job runs ``python -m jupyter_gpusched.node.nbrun`` in it
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from jupyter_gpusched.core.models import (
     JobSpec,
     parse_spec,
 )
+from jupyter_gpusched.node.jobs import PARAMETERS_ENV
 
 from .cron import check_schedule, check_timezone
 
@@ -232,7 +232,12 @@ def staged_notebook(spec: JobSpec) -> str | None:
 
 
 def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
-    """Argv that runs ``job``'s notebook through nbrun, in the job directory on the node."""
+    """Argv that runs ``job``'s notebook through nbrun, in the job directory on the node.
+
+    Its parameters are not in it: every user of a node reads command lines (``ps``). The
+    backend hands them to the job as a private file, ``$GPUSCHED_PARAMETERS_FILE``, which
+    nbrun reads (``--parameters-env``).
+    """
     spec = job.spec
     assert spec.notebook is not None
     staged = staged_notebook(spec)
@@ -248,7 +253,8 @@ def notebook_command(job: Job, *, python: str = "python3") -> list[str]:
         # nodes that share the server's filesystem get no staged copy, but see this path
         argv += ["--fallback-input", staged]
     if spec.parameters:
-        argv += ["--parameters", json.dumps(spec.parameters)]
+        # their name, not their values: a node too old to hand them over fails the job loudly
+        argv += ["--parameters-env", PARAMETERS_ENV]
     if spec.kernel_name:
         argv += ["--kernel", spec.kernel_name]
     if CELL_TIMEOUT_LABEL in spec.labels:

@@ -1,7 +1,9 @@
 """What one user may see of another's jobs: env values and notebook parameters stay private.
 
-Views (:mod:`.api`) and the events fan-out build what they send for a :class:`Viewer`; the
-owner and admins see everything, others see a job's shape without its secrets.
+Views (:mod:`.api`), the events websocket and a job's timeline (``GET jobs/{id}/events``)
+build what they send for a :class:`Viewer`; the owner and admins see everything, others see a
+job's shape without its secrets. Events go through :func:`event_detail_for`, one rule for
+every way they leave the server.
 """
 
 from __future__ import annotations
@@ -43,6 +45,22 @@ def public_spec(spec: JobSpec) -> JobSpec:
 def public_detail(detail: dict[str, Any]) -> dict[str, Any]:
     """An event's detail as other users see it: public keys only, changed fields by name."""
     out = {k: v for k, v in detail.items() if k in _PUBLIC_DETAIL}
-    if isinstance(detail.get("fields"), dict):
-        out["fields"] = sorted(detail["fields"])
+    if isinstance(detail.get("fields"), dict | list):
+        out["fields"] = sorted(str(name) for name in detail["fields"])
     return out
+
+
+def event_detail_for(
+    viewer: Viewer | None, owner: str | None, kind: str, detail: dict[str, Any]
+) -> dict[str, Any] | None:
+    """An event's detail as ``viewer`` may see it; None when the event is not theirs to see.
+
+    ``viewer`` None is the server itself, ``owner`` None an event of no job: both see it whole.
+    Others get no :data:`PRIVATE_EVENT_KINDS` (a notebook's cell sources) and only the
+    :func:`public_detail` of the rest (no output paths, handles or specs).
+    """
+    if viewer is None or owner is None or viewer.sees_all_of(owner):
+        return detail
+    if kind in PRIVATE_EVENT_KINDS:
+        return None
+    return public_detail(detail)

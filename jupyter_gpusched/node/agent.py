@@ -42,19 +42,27 @@ __all__ = [  # the jobs' functions too: tests and callers know them as the agent
 ]
 
 
-def _read_spec(path: str, stdin: IO[str]) -> tuple[list[str], list[str]]:
-    """Argv and ``KEY=VALUE`` strings from a launch spec (big ones come this way, not argv)."""
+def _read_spec(path: str, stdin: IO[str]) -> tuple[list[str], list[str], dict[str, Any] | None]:
+    """Argv, ``KEY=VALUE`` strings and parameters from a launch spec.
+
+    The scheduler sends every launch's spec this way (on stdin), not as arguments: big ones
+    would not fit, and env values and parameters must never stand on a command line, which
+    every user of the node can read (``ps``).
+    """
     if path == "-":
         data = json.load(stdin)
     else:
         with open(path) as f:
             data = json.load(f)
     argv, env = data.get("argv"), data.get("env") or {}
+    parameters = data.get("parameters")
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise AgentError("the launch spec's argv must be a list of strings")
     if not isinstance(env, dict):
         raise AgentError("the launch spec's env must be an object")
-    return argv, [f"{k}={v}" for k, v in env.items()]
+    if parameters is not None and not isinstance(parameters, dict):
+        raise AgentError("the launch spec's parameters must be an object")
+    return argv, [f"{k}={v}" for k, v in env.items()], parameters
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +83,15 @@ def _parser() -> argparse.ArgumentParser:
     lp.add_argument("--gpus", help="comma-separated GPU UUIDs or indices for CUDA_VISIBLE_DEVICES")
     lp.add_argument("--log")
     lp.add_argument(
-        "--spec", metavar="FILE", help='JSON {"argv": [...], "env": {...}} to launch; - = stdin'
+        "--spec",
+        metavar="FILE",
+        help='JSON {"argv": [...], "env": {...}, "parameters": {...}} to launch; - = stdin',
+    )
+    lp.add_argument(
+        "--accounts-checked",
+        metavar="FINGERPRINT",
+        help="sudo allowed this agent's user after this accounts fingerprint was taken "
+        "(serve --watch-accounts)",
     )
     lp.add_argument("argv", nargs=argparse.REMAINDER)
     cp = sub.add_parser("claim", help="a job dir's launch record, or claim it so none starts")
@@ -103,7 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     np.add_argument("--timeout", type=float, default=30.0)
     rp = sub.add_parser("remove", help="remove a file (a lease kernel's connection file)")
     rp.add_argument("--path", required=True)
-    sub.add_parser("serve", help=f"answer {', '.join(SERVED)} requests, a JSON line each")
+    sv = sub.add_parser("serve", help=f"answer {', '.join(SERVED)} requests, a JSON line each")
+    sv.add_argument(
+        "--watch-accounts",
+        action="store_true",
+        help="started through sudo: launch nothing once the files deciding whom sudo runs "
+        "the agent as changed, until the scheduler asked sudo again (see node/accounts.py)",
+    )
     return p
 
 
@@ -142,11 +164,19 @@ def _command(args: argparse.Namespace, umask: int, stdin: IO[str]) -> dict[str, 
     if args.cmd == "launch":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         env = list(args.env)
+        parameters = None
         if args.spec:
-            command, more = _read_spec(args.spec, stdin)
+            command, more, parameters = _read_spec(args.spec, stdin)
             env += more
         return launch(
-            args.job_dir, command, cwd=args.cwd, env=env, gpus=args.gpus, log=args.log, umask=umask
+            args.job_dir,
+            command,
+            cwd=args.cwd,
+            env=env,
+            gpus=args.gpus,
+            log=args.log,
+            umask=umask,
+            parameters=parameters,
         )
     if args.cmd == "status":
         return status(args.job_dir, args.pid, args.start_time)
@@ -165,14 +195,22 @@ def _command(args: argparse.Namespace, umask: int, stdin: IO[str]) -> dict[str, 
 SERVED = ("launch", "status", "remove")
 
 
-def serve(umask: int) -> int:
+def serve(umask: int, *, watch_accounts: bool = False) -> int:
     """Answer requests on stdin until it closes: ``{"args": [...], "input": "..."}`` per line.
 
     Each answer is one line ``{"exit": 0|1, "answer": {...}}``, in the order asked. The
     scheduler keeps one serving agent per node and account on its pooled connection, so a
     launch costs a line each way instead of a Python start-up on the node.
+
+    ``watch_accounts`` (an agent sudo started): a launch is answered ``{"recheck": FP}``
+    instead, launching nothing, when what decides sudo's answer may have changed since sudo
+    was last asked (:mod:`.accounts`); the scheduler asks sudo, then sends the launch again
+    with ``--accounts-checked FP``.
     """
+    from .accounts import AccountWatch
+
     parser = _parser()
+    watch = AccountWatch() if watch_accounts else None
     while line := sys.stdin.buffer.readline():
         try:
             request = json.loads(line)
@@ -182,7 +220,14 @@ def serve(umask: int) -> int:
                 raise AgentError(f"malformed request {request['args']!r}") from None
             if args.cmd not in SERVED or args.setenv:
                 raise AgentError(f"a serving agent answers only {', '.join(SERVED)}")
-            result, code = _command(args, umask, io.StringIO(request.get("input") or "")), 0
+            recheck = None
+            if watch is not None and args.cmd == "launch":
+                recheck = watch.may_launch(args.accounts_checked)
+            if recheck is not None:
+                why = "the node's accounts or sudoers changed: ask sudo again before launching"
+                result, code = {"error": why, "recheck": recheck}, 1
+            else:
+                result, code = _command(args, umask, io.StringIO(request.get("input") or "")), 0
         except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
             result, code = {"error": str(exc)}, 1
         sys.stdout.write(json.dumps({"exit": code, "answer": result}) + "\n")
@@ -196,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         umask = _as_started(args.setenv)
         if args.cmd == "serve":
-            return serve(umask)
+            return serve(umask, watch_accounts=args.watch_accounts)
         if args.cmd == "log":
             log(
                 args.file,

@@ -29,6 +29,11 @@ from .stage import private_dir
 #: there (``jupyter_gpusched.checkpointed()``, or ``date +%s > "$GPUSCHED_CHECKPOINT_FILE"``),
 #: so stopping it (preemption, a move) is charged only the work since then.
 CHECKPOINT_ENV = "GPUSCHED_CHECKPOINT_FILE"
+#: Where a job with parameters (a notebook's) finds them: a JSON object in a 0600 file of its
+#: private job dir. Never on a command line, which every user of the node reads with ``ps``.
+PARAMETERS_ENV = "GPUSCHED_PARAMETERS_FILE"
+#: That file's name in the job dir.
+PARAMETERS_FILE = "parameters.json"
 
 
 # --------------------------------------------------------------------------- probe
@@ -47,9 +52,10 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _write_atomic(path: str, text: str, *, durable: bool = True) -> None:
-    """Write by rename so readers never see half a file; ``durable`` also survives a crash."""
+    """Write by rename so readers never see half a file (0600); ``durable`` survives a crash."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
         if durable:
             f.flush()
@@ -130,10 +136,13 @@ def launch(
     gpus: str | None = None,
     log: str | None = None,
     umask: int = 0o022,
+    parameters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start ``argv`` detached under the wrapper; return its pid, pgid, start time and log.
 
     ``umask`` is the job's (the agent's own files are private whatever it is).
+    ``parameters`` are written to :data:`PARAMETERS_FILE` in the job dir (0600), named by
+    ``$GPUSCHED_PARAMETERS_FILE``: values a user keeps secret never reach a command line.
     """
     if not argv:
         raise AgentError("launch needs a command after --")
@@ -153,6 +162,10 @@ def launch(
     if gpus is not None:
         child_env["CUDA_VISIBLE_DEVICES"] = gpus
     child_env[CHECKPOINT_ENV] = os.path.join(job_dir, "checkpoint")
+    if parameters is not None:
+        path = os.path.join(job_dir, PARAMETERS_FILE)
+        _write_atomic(path, json.dumps(parameters), durable=False)
+        child_env[PARAMETERS_ENV] = path
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     read_fd, write_fd = os.pipe()
     pid = os.fork()

@@ -48,6 +48,9 @@ def serve_kernel(connection_file: str) -> int:
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     os.umask(0o077)  # the connection file holds the session key
+    from .stage import private_kernel_dirs
+
+    private_kernel_dirs()  # ~/.ipython, when the kernel makes it: 0700, as all it makes here
     _write_curve_connection(path, ip)
     argv = [
         sys.executable,

@@ -1,7 +1,11 @@
 """Run one notebook on a GPU node: ``python -m jupyter_gpusched.node.nbrun INPUT --output OUT ...``.
 
 Started by the scheduler as a notebook job's command (see :mod:`jupyter_gpusched.batch.notebooks`).
-Parameters are injected the papermill way (:func:`papermill.parameterize.parameterize_notebook`:
+Its parameters come as a JSON file (``--parameters-env GPUSCHED_PARAMETERS_FILE``: the file that
+variable names, 0600 in the private job dir, which the node agent writes), never on the command
+line, which every user of the node reads (``ps``); ``--parameters JSON`` is for running it by
+hand. They are injected the
+papermill way (:func:`papermill.parameterize.parameterize_notebook`:
 a cell tagged ``injected-parameters`` after the one tagged ``parameters``, values written as
 literals of the kernel's language, so types survive), then nbclient executes the notebook.
 
@@ -105,7 +109,9 @@ class _Runner:
         import nbformat
 
         tmp = f"{self.output}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        # 0600 whatever the job's umask: it holds the parameters (metadata, injected cell)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             nbformat.write(self.nb, f)
         os.replace(tmp, self.output)
 
@@ -189,6 +195,9 @@ class _Runner:
         async def on_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
             self.write()
 
+        from jupyter_gpusched.node.stage import private_kernel_dirs
+
+        private_kernel_dirs()  # ~/.ipython and Jupyter's runtime folder, when the kernel makes them
         # The kernel talks to us over Unix sockets in a private directory, not loopback TCP:
         # other users of a shared node cannot reach it (and ipykernel has nothing to warn of).
         # A Unix socket path must stay under ~100 bytes: a long TMPDIR falls back to /tmp.
@@ -332,7 +341,17 @@ def _parser() -> argparse.ArgumentParser:
         "(the server's path, for nodes that share its filesystem)",
     )
     p.add_argument("--output", required=True, help="where the executed notebook goes")
-    p.add_argument("--parameters", default="{}", help="JSON object of parameters")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--parameters",
+        help="JSON object of parameters; every user of this machine sees it while this runs",
+    )
+    given.add_argument(
+        "--parameters-env",
+        metavar="VAR",
+        help="read the parameters from the JSON file the environment variable VAR names "
+        "(what the scheduler does: GPUSCHED_PARAMETERS_FILE)",
+    )
     p.add_argument("--kernel", help="kernel name (default: the notebook's)")
     p.add_argument("--cwd", help="working directory of the kernel (default: here)")
     p.add_argument("--cell-timeout-s", type=float, help="stop a cell after this long")
@@ -340,15 +359,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parameters(given: str | None, env: str | None) -> dict[str, Any]:
+    """The parameters: ``--parameters``, the file ``--parameters-env`` names, or none."""
+    if given is not None:
+        text, where = given, "--parameters"
+    elif env is not None:
+        path = os.environ.get(env)
+        if not path:
+            raise ValueError(
+                f"${env} is not set: the node agent did not hand the parameters over "
+                "(is its jupyter-gpusched older than the scheduler's?)"
+            )
+        with open(path, encoding="utf-8") as f:
+            text, where = f.read(), path
+    else:
+        return {}
+    try:
+        parameters = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not isinstance(parameters, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    return parameters
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     args = _parser().parse_args(argv)
     try:
-        parameters = json.loads(args.parameters)
-        if not isinstance(parameters, dict):
-            raise ValueError("must be a JSON object")
-    except ValueError as exc:
-        print(f"gpusched nbrun: --parameters: {exc}", file=sys.stderr)
+        parameters = _parameters(args.parameters, args.parameters_env)
+    except (OSError, ValueError) as exc:
+        print(f"gpusched nbrun: parameters: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     source = args.input
     if not os.path.exists(source) and args.fallback_input and os.path.exists(args.fallback_input):

@@ -5,9 +5,11 @@ The scheduler sends the files a job stages as one tar stream on the agent's stdi
 user -- whether the scheduler logged in as the owner or reached them through sudo. Standard
 library only: it runs under the node's Python.
 
-Privacy: the job dir (and any parent this creates) is 0700; a staged file keeps its owner's
-permission bits (a script stays executable) and never gets group or other bits; only regular
-files and directories are taken, at relative paths that stay inside the job dir.
+Privacy: the job dir (and any parent this creates) is 0700, and so are the folders a job's
+kernel keeps in its user's home when it makes them (:func:`private_kernel_dirs`); a staged file
+keeps its owner's permission bits (a script stays executable) and never gets group or other
+bits; only regular files and directories are taken, at relative paths that stay inside the job
+dir.
 """
 
 from __future__ import annotations
@@ -28,6 +30,38 @@ def private_dir(path: str) -> str:
     os.makedirs(full, mode=0o700, exist_ok=True)
     os.chmod(full, 0o700)
     return full
+
+
+def private_folder(path: str) -> None:
+    """Create ``path`` and its missing parents 0700; existing folders are left as they are."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile (another kernel starting): its maker chose its mode
+        os.chmod(folder, 0o700)  # whatever the umask of the job that starts the kernel
+
+
+def private_kernel_dirs() -> None:
+    """Make the folders a kernel keeps in its user's home 0700 when they do not exist yet.
+
+    IPython's (``~/.ipython``: profiles, startup files, logs) and Jupyter's runtime folder
+    (connection files) with its parents would otherwise be made with the job's umask, which
+    opens them to every user of the node. Folders the user made are theirs to keep as they are.
+    """
+    home = os.path.expanduser("~")
+    private_folder(os.environ.get("IPYTHONDIR") or os.path.join(home, ".ipython"))
+    if runtime := os.environ.get("JUPYTER_RUNTIME_DIR"):
+        private_folder(runtime)
+        return
+    data = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter"
+    )
+    private_folder(os.path.join(data, "runtime"))
 
 
 def _member_path(name: str) -> str:

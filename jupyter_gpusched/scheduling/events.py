@@ -8,8 +8,9 @@ store on its own. Live ``cluster`` messages (the whole cluster view) follow chan
 limited; they are not stored.
 
 Each subscriber gets what its viewer may see: of other users' jobs, no ``progress`` events
-(they carry cell sources), event details cut to their public keys, and job views built for
-that viewer (:class:`~jupyter_gpusched.core.api.JobView`).
+(they carry cell sources), event details cut to their public keys
+(:func:`~jupyter_gpusched.core.privacy.event_detail_for`, the rule a job's timeline follows
+too), and job views built for that viewer (:class:`~jupyter_gpusched.core.api.JobView`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from jupyter_gpusched.core import api
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.models import Event, Job
-from jupyter_gpusched.core.privacy import PRIVATE_EVENT_KINDS, Viewer, public_detail
+from jupyter_gpusched.core.privacy import Viewer, event_detail_for
 from jupyter_gpusched.store.store import Store
 
 #: Events read from the store at once (a replay reads in pages of this).
@@ -179,8 +180,7 @@ class EventHub:
         """``message`` as ``viewer`` may see it; None when it is not theirs to see at all."""
         if job is None or viewer is None or viewer.sees_all_of(job.user):
             return message
-        if message.kind in PRIVATE_EVENT_KINDS:
+        detail = event_detail_for(viewer, job.user, message.kind, message.detail)
+        if detail is None:
             return None
-        return message.model_copy(
-            update={"detail": public_detail(message.detail), "job": self._job(job, viewer)}
-        )
+        return message.model_copy(update={"detail": detail, "job": self._job(job, viewer)})

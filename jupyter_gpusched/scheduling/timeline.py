@@ -3,7 +3,9 @@
 Every state change with its reason, each new waiting reason, stops asked for, retries and the
 executed notebook coming home. Details are cut down to what the page says (a reason, a node, a
 file): handles, environments and specs in ``updated`` events never leave the store this way.
-Progress lines of notebook jobs are many; only the last one stays.
+Progress lines of notebook jobs are many; only the last one stays. Built for a viewer, it
+follows the events websocket's rule (:func:`~jupyter_gpusched.core.privacy.event_detail_for`):
+of another user's job, no progress (cell sources) and only public details (no output paths).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from jupyter_gpusched.core import api
 from jupyter_gpusched.core.models import Event
+from jupyter_gpusched.core.privacy import Viewer, event_detail_for
 
 #: detail keys kept per event kind
 _KEEP: dict[str, tuple[str, ...]] = {
@@ -25,12 +28,19 @@ _KEEP: dict[str, tuple[str, ...]] = {
 }
 
 
-def timeline(events: Sequence[Event]) -> api.JobEvents:
-    """The page's events: ``waiting`` and ``stopping`` carry their reason; others their facts."""
+def timeline(
+    events: Sequence[Event], *, viewer: Viewer | None = None, owner: str | None = None
+) -> api.JobEvents:
+    """The page's events: ``waiting`` and ``stopping`` carry their reason; others their facts.
+
+    ``viewer``: whom the page is for, of a job of ``owner`` (None: everything, for the server).
+    """
     out: list[api.EventMessage] = []
     last_progress: api.EventMessage | None = None
     for event in events:
         detail = _detail(event.kind, event.detail or {})
+        if detail is not None:
+            detail = event_detail_for(viewer, owner, event.kind, detail)
         if detail is None:
             continue
         message = api.EventMessage(

@@ -8,11 +8,18 @@ token carries the custom scope ``custom:gpusched:admin`` or who are in an admin 
 by the Hub's admin, not by the users. Without a Hub, ``jupyter gpusched service token USER``
 mints the tokens (:mod:`jupyter_gpusched.store.tokens`) and the service's own
 ``admin_users`` (in the service's config, which only its operator writes) names the admins.
+
+Streams (a log follow, the events websocket) outlive the check made when they open: they ask
+:meth:`~_TokenOnlyIdentityProvider.recheck` every ``stream_recheck_s`` (see
+:mod:`.streams`), which asks the store or the Hub afresh -- once per token however many
+streams it holds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +28,7 @@ from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.auth.identity import IdentityProvider, User
 from tornado import web
 from traitlets import Any as AnyTrait
-from traitlets import Integer, Set, Unicode, default
+from traitlets import Float, Integer, Set, Unicode, default
 
 #: The one resource every route of the gpusched API declares.
 AUTH_RESOURCE = "gpusched"
@@ -57,6 +64,17 @@ class ServiceAuthorizer(Authorizer):
 class _TokenOnlyIdentityProvider(IdentityProvider):
     """Token in the ``Authorization`` header (or ``?token=`` on a websocket), never a cookie."""
 
+    stream_recheck_s = Float(
+        2.0,
+        min=0.1,
+        help="""Seconds between checks that the token of an open log follow or events
+        websocket still holds (and its admin right, when it had one): revoking either ends
+        those streams within about this long plus one answer of the store or the Hub. Each
+        token with open streams costs one lookup per this many seconds.""",
+    ).tag(config=True)
+    #: token -> (when asked, the answer): the streams of one token share one fresh lookup
+    _rechecks: dict[str, tuple[float, asyncio.Future[GpuSchedUser | None]]] | None = None
+
     @default("need_token")
     def _need_token_default(self) -> bool:
         return False
@@ -88,6 +106,35 @@ class _TokenOnlyIdentityProvider(IdentityProvider):
     async def identify(self, token: str) -> GpuSchedUser | None:
         """The user a token belongs to (None: refused)."""
         raise NotImplementedError
+
+    async def identify_now(self, token: str) -> GpuSchedUser | None:
+        """:meth:`identify`, asking its source afresh (no cached answer)."""
+        return await self.identify(token)
+
+    async def recheck(self, handler: web.RequestHandler) -> GpuSchedUser | None:
+        """Who an open stream's token names now (None: nobody any more).
+
+        Answers younger than half of ``stream_recheck_s`` are shared, so the Hub (or the
+        store) is asked once per token and period however many streams the token holds.
+        Raises what asking raised (the Hub or the store away): the caller decides.
+        """
+        token = self.bearer(handler)
+        if not token:
+            return None
+        now = time.monotonic()
+        fresh_s = self.stream_recheck_s / 2
+        if self._rechecks is None:
+            self._rechecks = {}
+        for key, (asked_at, _) in list(self._rechecks.items()):
+            if now - asked_at > fresh_s:
+                del self._rechecks[key]
+        entry = self._rechecks.get(token)
+        if entry is None:
+            answer = asyncio.ensure_future(self.identify_now(token))
+            # retrieved here too: a stream that stopped waiting leaves no unread exception
+            answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+            entry = self._rechecks[token] = (now, answer)
+        return await asyncio.shield(entry[1])
 
     async def get_user(self, handler: web.RequestHandler) -> User | None:  # type: ignore[override]
         """Identify the caller by their token; remember it on the handler for XSRF checks."""
@@ -148,7 +195,13 @@ class HubIdentityProvider(_TokenOnlyIdentityProvider):
         return HubAuth(cache_max_age=self.cache_s, parent=self)
 
     async def identify(self, token: str) -> GpuSchedUser | None:  # noqa: D102
-        model = await self.hub_auth.user_for_token(token, sync=False)
+        return self._user(await self.hub_auth.user_for_token(token, sync=False))
+
+    async def identify_now(self, token: str) -> GpuSchedUser | None:  # noqa: D102
+        return self._user(await self.hub_auth.user_for_token(token, use_cache=False, sync=False))
+
+    def _user(self, model: dict[str, Any] | None) -> GpuSchedUser | None:
+        """The caller the Hub's model of a token says, if it may use the service."""
         if not model or model.get("kind", "user") != "user":
             return None
         if not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):

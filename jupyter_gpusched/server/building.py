@@ -60,8 +60,11 @@ async def build_scheduler(app: GpuSchedApp) -> tuple[Any, SimCluster | None]:
 
 
 def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
+    from jupyter_gpusched.store.engine import exposure
     from jupyter_gpusched.store.store import Store
 
+    for warning in exposure(app.store_url):  # a store made before it was created private
+        app.log.warning("gpusched | %s", warning)
     clock = SystemClock()
     extra: dict[str, Any] = {}
     if issubclass(app.backend_class, Configurable):

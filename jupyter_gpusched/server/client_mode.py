@@ -252,8 +252,8 @@ class EventsForwardHandler(_Forwarding, ListenOnlyWebSocket):
         assert self._upstream is not None
         while (message := await self._upstream.read_message()) is not None:
             yield message
-        if self.ws_connection is not None:
-            self.close()  # the service hung up
+        if self.ws_connection is not None:  # the service hung up: say why it did (1008...)
+            self.close(self._upstream.close_code, self._upstream.close_reason)
 
     def stopped(self) -> None:
         """Close the service's side too."""

@@ -20,6 +20,8 @@ from typing import Any
 
 from tornado import httpclient
 
+from jupyter_gpusched.node.stage import private_folder
+
 from .client_mode import ServiceLink
 from .uploads import inside
 
@@ -88,9 +90,11 @@ class OutputSync:
                         self.link.api_url(f"jobs/{job['id']}/output", f"part={part}"),
                         headers=self.link.headers(),
                     )
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    private_folder(os.path.dirname(target))
                     tmp = f"{target}.gpusched-tmp"
-                    with open(tmp, "wb") as f:
+                    # 0600 like the embedded server's copies: it holds the parameters
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                    with os.fdopen(os.open(tmp, flags, 0o600), "wb") as f:
                         f.write(answer.body)
                     os.replace(tmp, target)
                     written.append(rel)
@@ -106,7 +110,7 @@ class OutputSync:
             return set()
 
     def _save(self, done: set[str]) -> None:
-        os.makedirs(os.path.dirname(self.state_file), exist_ok=True)
+        private_folder(os.path.dirname(self.state_file))
         tmp = f"{self.state_file}.tmp"
         with open(tmp, "w") as f:
             json.dump(sorted(done), f)

@@ -229,7 +229,9 @@ ROUTES: tuple[Route, ...] = (
                 "The job's timeline: state changes with their reasons, waiting reasons, stops.",
                 api.JobEvents,
                 (*_READ, 404),
-                ok_description="Its events, oldest first (of a notebook's progress, the last).",
+                ok_description="Its events, oldest first (of a notebook's progress, the last); "
+                "of another user's job, as the events websocket sends them: no progress, "
+                "public details only.",
             ),
         ),
     ),

@@ -128,7 +128,10 @@ def inline_notebook(request: dict[str, Any], root: str) -> None:
 
 
 def _private_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """``path`` as a folder only this server's user enters; missing parents are made 0700."""
+    from jupyter_gpusched.node.stage import private_folder
+
+    private_folder(path)
     os.chmod(path, 0o700)
     return path
 

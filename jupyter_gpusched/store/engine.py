@@ -3,11 +3,18 @@
 SQLite runs in WAL mode with ``synchronous=FULL`` (``NORMAL`` for redoable writes, see
 :mod:`.store`) and writers take the lock with ``BEGIN
 IMMEDIATE`` (see :mod:`.store`); other URLs (PostgreSQL) get a pre-pinged pool.
+
+A SQLite file holds every job's env values and notebook parameters: whoever opens one first
+creates it 0600 (SQLite gives its ``-wal`` and ``-shm`` files the same mode) in a folder made
+0700, and :func:`exposure` says what to run when an existing one is open to other users.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +55,8 @@ def make_engine(url: str, *, echo: bool) -> Engine:
         connect_args = _PG_CONNECT_ARGS if parsed.get_backend_name() == "postgresql" else {}
         return create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
     memory = parsed.database in (None, "", ":memory:")
+    if not memory and not str(parsed.database).startswith("file:"):
+        create_private(str(parsed.database))
     engine = create_engine(
         url,
         echo=echo,
@@ -83,6 +92,74 @@ def make_engine(url: str, *, echo: bool) -> Engine:
         conn.exec_driver_sql(f"BEGIN {options.get('gpusched_begin', 'DEFERRED')}")
 
     return engine
+
+
+def private_folder(path: str) -> None:
+    """Create the folder ``path`` and its missing parents 0700 (existing ones stay as they are)."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue  # another process made it meanwhile
+        os.chmod(folder, 0o700)  # whatever the umask
+
+
+def create_private(path: str) -> None:
+    """Create a SQLite file 0600 (and its folder 0700) unless it exists.
+
+    An empty file is an empty database to SQLite, which creates the file's ``-wal`` and
+    ``-shm`` companions with the file's own mode.
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.lexists(path):
+        return
+    private_folder(os.path.dirname(path))
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass  # another process created it meanwhile
+
+
+def exposure(url: str) -> list[str]:
+    """What other users may read of a SQLite store at ``url``, each with what to run; [] if none.
+
+    The file (and its ``-wal``, ``-shm``) must give group and others nothing; its folder, no
+    more than entering it. Other URLs (PostgreSQL) are the database server's to guard.
+    """
+    parsed = make_url(url)
+    database = str(parsed.database or "")
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return []
+    if database.startswith("file:"):
+        return []
+    path = os.path.abspath(os.path.expanduser(database))
+    said = []
+    files = [f for f in (path, f"{path}-wal", f"{path}-shm") if _mode(f) & 0o077]
+    if files:
+        modes = ", ".join(f"{f} {_mode(f):04o}" for f in files)
+        said.append(
+            f"the store's files are open to other users ({modes}): they hold every job's env "
+            f"values and notebook parameters; run: chmod 600 {shlex.join(files)}"
+        )
+    folder = os.path.dirname(path)
+    if _mode(folder) & 0o066:
+        said.append(
+            f"the store's folder {folder} is open to other users ({_mode(folder):04o}); "
+            f"run: chmod 700 {shlex.quote(folder)} (or go-rw, when others share it)"
+        )
+    return said
+
+
+def _mode(path: str) -> int:
+    """Permission bits of ``path`` (0 when it does not exist)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0
 
 
 def _enable_wal(cursor: Any) -> None:

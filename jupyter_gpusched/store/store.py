@@ -59,7 +59,7 @@ from jupyter_gpusched.core.models import (
 )
 
 from .availability import Availability
-from .engine import alembic_config, make_engine, normalize_url
+from .engine import alembic_config, make_engine, normalize_url, private_folder
 from .eventlog import EventLog
 from .jobcache import JobCache
 from .leader import check_fence
@@ -153,11 +153,11 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
 
     @staticmethod
     def default_url() -> str:
-        """``sqlite:///<jupyter data dir>/gpusched/gpusched.db``; creates the directory."""
+        """``sqlite:///<jupyter data dir>/gpusched/gpusched.db``; creates the directory (0700)."""
         from jupyter_core.paths import jupyter_data_dir
 
         folder = Path(jupyter_data_dir()) / "gpusched"
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(str(folder))
         return f"sqlite:///{folder / 'gpusched.db'}"
 
     @property

@@ -68,7 +68,7 @@ async def test_others_see_alices_job_without_its_env_values_handle_or_outputs(
 async def test_others_get_no_definition_parameters_and_no_progress_or_sources(
     gpusched: ApiClient, jp_root_dir: Path, jp_ws_fetch: Any
 ) -> None:
-    alice, bob = gpusched, gpusched.as_user("bob")
+    alice, bob, admin = gpusched, gpusched.as_user("bob"), gpusched.as_user("admin")
     write_notebook(
         jp_root_dir / "nb.ipynb", [CELL, "print(DB_PASSWORD[:2])"], parameters="DB_PASSWORD = ''"
     )
@@ -114,6 +114,23 @@ async def test_others_get_no_definition_parameters_and_no_progress_or_sources(
         text = json.dumps(event)
         assert PASSWORD not in text and CELL not in text and "nb-" not in text, event
         assert event["job"]["redacted"] and event["job"]["handle"] == {}
+
+    # the job's timeline (GET jobs/{id}/events) follows the websocket's rule, not its own
+    pages = {
+        who: conforms(await client.json("GET", "jobs", str(job_id), "events"), "JobEvents")
+        for who, client in (("alice", alice), ("bob", bob), ("admin", admin))
+    }
+    for who in ("alice", "admin"):  # the owner and admins: the last cell and where outputs went
+        kinds = [e["kind"] for e in pages[who]["events"]]
+        assert "progress" in kinds and "notebook_output" in kinds, kinds
+        output = next(e for e in pages[who]["events"] if e["kind"] == "notebook_output")
+        assert output["detail"]["notebook"].startswith("nb-"), output
+    theirs = pages["bob"]["events"]
+    assert "progress" not in [e["kind"] for e in theirs]
+    assert {"submitted", "state", "notebook_output"} <= {e["kind"] for e in theirs}
+    for event in theirs:
+        text = json.dumps(event)
+        assert PASSWORD not in text and CELL not in text and "nb-" not in text, event
 
 
 async def test_files_and_notebooks_must_lie_inside_the_root(

@@ -39,6 +39,7 @@ import asyncssh
 
 from jupyter_gpusched.cluster.ssh import NodeConfig
 from jupyter_gpusched.core.errors import InvalidSpecError, NotFoundError
+from jupyter_gpusched.node.stage import private_folder
 
 from .nvml import STATE_ENV, node_pids
 from .server import (
@@ -184,7 +185,7 @@ class SimCluster:
         if self._base_dir is None:
             self._base_dir = Path(tempfile.mkdtemp(prefix="gpusched-sim-"))
         base = self._base_dir
-        (base / "nodes").mkdir(parents=True, exist_ok=True)
+        private_folder(str(base / "nodes"))  # the simulated nodes' homes and keys: this user's
 
         client_key = asyncssh.generate_private_key("ssh-ed25519", comment="gpusched-sim-client")
         _write_secret(self.client_key, client_key.export_private_key())

@@ -17,6 +17,7 @@ from typing import Any
 
 from jupyter_gpusched.core.errors import BackendError
 from jupyter_gpusched.core.units import format_duration_s
+from jupyter_gpusched.node.stage import private_folder
 
 from ..ssh.config import RemoteResult
 from .commands import as_user
@@ -74,11 +75,31 @@ class SharedFiles:
         return result.stdout
 
     async def makedirs(self, user: str | None, path: str) -> None:
-        """Create a private directory (and its parents) owned by ``user``."""
+        """Create a private directory owned by ``user``; the parents it makes are 0700 too."""
         if user is None:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        else:
-            await self._as(user, ["mkdir", "-p", "-m", "0700", "--", path], f"creating {path}")
+            private_folder(path)
+            os.chmod(path, 0o700)
+            return
+        # mkdir -p gives the parents it makes the umask's mode; naming each one gives it -m
+        parts = path.rstrip("/").split("/")
+        chain = ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
+        await self._as(user, ["mkdir", "-p", "-m", "0700", "--", *chain], f"creating {path}")
+
+    async def write(self, user: str | None, path: str, text: str) -> None:
+        """Write ``text`` to ``path`` as ``user`` (mind: in a private dir; as the service, 0600).
+
+        As another user it goes through ``dd`` (on the sudoers line already), whose file mode
+        is sudo's umask's: the file is private by the 0700 job dir it is written into.
+        """
+        if user is None:
+            tmp = f"{path}.tmp{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+            return
+        argv = ["dd", f"of={path}", "status=none"]
+        await self._as(user, argv, f"writing {path}", input=text)
 
     async def copy_in(self, user: str | None, sources: Sequence[str], target_dir: str) -> None:
         """Copy local files (or directories) into ``target_dir``, as ``user``."""

@@ -3,8 +3,9 @@
 Each placement becomes one ``sbatch`` pinned to the node our packer chose (``--nodelist``),
 asking for the GPUs (the GPU model as GRES type), CPUs, memory and time limit of the job, as
 the job's owner (``run_as = "owner"``: ``sudo -n -u USER``) or as the service's user. The
-job's argv and environment are arguments of one fixed batch script (:mod:`.commands`); a
-launch record per attempt (:mod:`.records`) makes launches idempotent and claimable. State
+job's argv and environment go into a launch file in its private job dir, which one fixed batch
+script sources (:mod:`.commands`: never on a command line); a launch record per attempt
+(:mod:`.records`) makes launches idempotent and claimable. State
 comes from one batched ``squeue`` per poll (:mod:`.states`), the cluster map from ``scontrol
 show node`` (GPUs held by Slurm jobs we did not submit count as foreign).
 
@@ -17,6 +18,7 @@ address, where the kernel then listens (CurveZMQ-encrypted).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 from collections.abc import Sequence
@@ -31,6 +33,7 @@ from traitlets.config import LoggingConfigurable
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
 from jupyter_gpusched.core.models import Job, JobKind, Placement
+from jupyter_gpusched.node.jobs import PARAMETERS_ENV, PARAMETERS_FILE
 from jupyter_gpusched.node.kernel import KERNEL_IP_ENV
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
@@ -305,6 +308,17 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
         await files.makedirs(user, job_dir)
         if job.spec.files:
             await files.copy_in(user, job.spec.files, job_dir)
+        # the job's env values, argv and parameters go into files of its private job dir,
+        # never on sbatch's or the batch script's command line (anyone's ps shows those)
+        env = await self._job_env(job, name, job_dir, placement.node)
+        if job.spec.parameters:
+            env[PARAMETERS_ENV] = f"{job_dir}/{PARAMETERS_FILE}"
+            await files.write(user, env[PARAMETERS_ENV], json.dumps(job.spec.parameters))
+        try:
+            launch_text = commands.launch_file_text(command, env)
+        except ValueError as exc:
+            raise NodeRefusedError(f"job {job.id}: {exc} (SlurmBackend.job_env?)") from None
+        await files.write(user, f"{job_dir}/launch.sh", launch_text)
         submission = commands.Submission(
             name=name,
             node=placement.node,
@@ -316,8 +330,7 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
             workdir=job.spec.workdir or job_dir,
             log=f"{job_dir}/output.log",
             script=os.path.abspath(self._script),
-            command=command,
-            env=await self._job_env(job, name, job_dir, placement.node),
+            launch_file=f"{job_dir}/launch.sh",
             partition=self.partition,
             extra=self.sbatch_args,
         )

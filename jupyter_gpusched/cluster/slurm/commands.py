@@ -1,15 +1,20 @@
 """The Slurm command lines the backend runs, built from argument lists (never a shell line).
 
-The job's own argv and environment travel as arguments of one fixed batch script
-(:data:`BATCH_SCRIPT`), which sbatch copies into the job; no user string is ever parsed by a
-shell. The script gates the start on the attempt's launch record (see
-:mod:`.records`): a Slurm job runs its command only when the record names it, so however
-often a cut-short launch is repeated, one Slurm job per attempt does the work.
+The job's own argv and environment travel in its *launch file*, written into its private job
+dir (:func:`launch_file_text`), which one fixed batch script (:data:`BATCH_SCRIPT`) sources:
+env values and arguments never stand on a command line (sbatch's, or the batch script's
+while the job runs), which every user of the submit host and the node reads with ``ps``. Every
+value in the launch file is quoted with :func:`shlex.quote`. The script gates the start on the
+attempt's launch record (see :mod:`.records`): a Slurm job runs its command only when the
+record names it, so however often a cut-short launch is repeated, one Slurm job per attempt
+does the work.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,17 +23,15 @@ from jupyter_gpusched.core.models import Job
 #: Exit status of a batch job that found its attempt claimed or launched as another job.
 NOT_RUN_EXIT = 75
 
-#: The batch script. Arguments: ``KEY=VALUE``... ``--`` argv. The environment names the
-#: launch record (``GPUSCHED_LAUNCH_RECORD``) and the job dir (exit record, checkpoint file).
-#: A trapped TERM waits for the job: scancel --full signals every process of the step, and the
-#: job gets its grace period to checkpoint before the KILL.
+#: The batch script. Its one argument: the job's launch file, which exports the job's
+#: environment -- naming the launch record (``GPUSCHED_LAUNCH_RECORD``) and the job dir (exit
+#: record, checkpoint file) -- and sets its argv (``set --``). A trapped TERM waits for the job:
+#: scancel --full signals every process of the step, and the job gets its grace period to
+#: checkpoint before the KILL.
 BATCH_SCRIPT = f"""#!/bin/sh
-# jupyter-gpusched batch script: runs the job's argv after the launch record names this job.
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
-  export "$1"
-  shift
-done
-shift
+# jupyter-gpusched batch script: runs the job its launch file ($1) describes, once the launch
+# record names this Slurm job. The launch file sets the job's environment and argv.
+. "$1" || exit 126
 n=0
 while :; do
   rec=
@@ -51,6 +54,20 @@ exit "$code"
 """
 
 
+def launch_file_text(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """A job's launch file: shell lines exporting its ``env`` and setting its argv.
+
+    Raises ValueError for a name the shell cannot export (job specs allow none).
+    """
+    lines = ["# jupyter-gpusched: this job's environment and command, sourced by its batch script"]
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        lines.append(f"export {key}={shlex.quote(value)}")
+    lines.append("set -- " + shlex.join(command))
+    return "\n".join(lines) + "\n"
+
+
 def job_name(job: Job, prefix: str = "gpusched") -> str:
     """The Slurm job name of one attempt; unique per job and attempt across a reset store."""
     stamp = job.submitted_at.strftime("%Y%m%dT%H%M%S")
@@ -71,8 +88,7 @@ class Submission:
     workdir: str
     log: str
     script: str
-    command: Sequence[str]
-    env: Mapping[str, str]
+    launch_file: str  # the job's env and argv (launch_file_text), in its private job dir
     partition: str = ""
     extra: Sequence[str] = ()
 
@@ -101,8 +117,7 @@ class Submission:
         if self.partition:
             args.append(f"--partition={self.partition}")
         args.extend(self.extra)
-        words = [f"{key}={value}" for key, value in self.env.items()]
-        return [*args, self.script, *words, "--", *self.command]
+        return [*args, self.script, self.launch_file]
 
 
 def as_user(user: str | None, argv: Sequence[str]) -> list[str]:

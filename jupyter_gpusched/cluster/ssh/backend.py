@@ -198,10 +198,16 @@ class SshBackend(ServingPool):
         args = ["launch", "--job-dir", job_dir, f"--gpus={self._gpu_list(st, placement)}"]
         if job.spec.workdir:
             args += ["--cwd", job.spec.workdir]
-        # The command and environment go on stdin, not the exec line: one big argument there
-        # overflows an SSH packet and drops the connection every user of the node shares.
+        # The command, environment and parameters go on stdin, not the exec line: one big
+        # argument there overflows an SSH packet and drops the connection every user of the
+        # node shares, and every user of the node reads command lines (ps). The agent hands
+        # the env to the job's process (whose environ only its owner reads) and writes the
+        # parameters to a 0600 file in the job dir.
         env = {**job.spec.env, "GPUSCHED_JOB_ID": str(job.id)}
-        spec = json.dumps({"argv": command, "env": env})
+        launch_spec: dict[str, Any] = {"argv": command, "env": env}
+        if job.spec.parameters:
+            launch_spec["parameters"] = job.spec.parameters
+        spec = json.dumps(launch_spec)
         answer = await self._agent(
             st, [*args, "--spec", "-"], user=job.user, timeout_s=60.0, input=spec
         )

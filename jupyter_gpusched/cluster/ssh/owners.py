@@ -69,14 +69,44 @@ def sudo_refused(cfg: NodeConfig, user: str | None, code: int | None, stderr: An
     """Raise :class:`AccountError` when sudo itself (not the agent) refused to run as ``user``."""
     if user is None or cfg.run_as != "sudo" or not code:
         return
+    said = _sudo_said(stderr)
+    if said:
+        raise _refused(cfg, user, said)
+
+
+def sudo_check_argv(cfg: NodeConfig, argv: Sequence[str], user: str) -> list[str]:
+    """``sudo -n -l`` asking whether the line :func:`command_line` builds may run as ``user``.
+
+    Run as the scheduler's account; exit 0 when sudo would run it, 1 when not. It starts no
+    Python on the node: the serving agents' re-check (see :mod:`.serving`).
+    """
+    agent = list(cfg.agent_argv())
+    setenv = [f"--setenv={k}={v}" for k, v in cfg.env.items()]
+    return [cfg.sudo, "-n", "-l", "-u", user, "--", *agent, *setenv, *argv[len(agent) :]]
+
+
+def sudo_check_failed(cfg: NodeConfig, user: str, stderr: Any) -> AccountError:
+    """The :class:`AccountError` of a ``sudo -n -l`` (:func:`sudo_check_argv`) that said no."""
+    said = _sudo_said(stderr) or (
+        f"sudo -n -l: the sudoers rules no longer let the scheduler's account run the agent "
+        f"as {user}"
+    )
+    return _refused(cfg, user, said)
+
+
+def _sudo_said(stderr: Any) -> str:
+    """The first line of ``stderr`` where sudo itself complains ("" when there is none)."""
     text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
     said = [line for line in text.splitlines() if line.startswith("sudo:")]
-    if said:
-        raise AccountError(
-            f"node {cfg.name}: cannot run as {user} through sudo ({said[0]}); the node "
-            f"needs an account {user} that the sudoers line for the agent lets the "
-            "scheduler's account run as"
-        )
+    return said[0] if said else ""
+
+
+def _refused(cfg: NodeConfig, user: str, said: str) -> AccountError:
+    return AccountError(
+        f"node {cfg.name}: cannot run as {user} through sudo ({said}); the node "
+        f"needs an account {user} that the sudoers line for the agent lets the "
+        "scheduler's account run as"
+    )
 
 
 def _with_env(cfg: NodeConfig, argv: Sequence[str]) -> str:

@@ -4,6 +4,14 @@ Launching a job through a fresh agent costs a Python start-up on the node (~30 m
 ~70 ms from submit to the job's first instruction); a serving agent pays it once per node and
 account. Requests are JSON lines; answers come back in the order asked
 (:func:`jupyter_gpusched.node.agent.serve`), so a FIFO of futures pairs them up.
+
+In sudo mode sudo decided once, when an owner's serving agent started; that agent keeps
+running as the owner however the node's sudoers or groups change. So it watches them
+(``serve --watch-accounts``, :mod:`jupyter_gpusched.node.accounts`): when what decides sudo's
+answer changed since sudo was last asked -- and before its first launch -- it answers a launch
+with ``recheck``, and the scheduler asks sudo itself (``sudo -n -l``, as its own account)
+before sending the launch again. A user taken out of the sudoers group gets their next job
+failed at once with sudo's reason; launches in between cost a few ``stat`` calls on the node.
 """
 
 from __future__ import annotations
@@ -18,11 +26,11 @@ from typing import Any
 
 import asyncssh
 
-from jupyter_gpusched.core.errors import BackendError
+from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
 from jupyter_gpusched.core.units import format_duration_s
 
 from .config import NodeConfig, RemoteResult
-from .owners import command_line, sudo_refused
+from .owners import command_line, sudo_check_argv, sudo_check_failed, sudo_refused
 from .pool import NodePool, _Node
 
 _log = logging.getLogger(__name__)
@@ -149,7 +157,7 @@ class ServingPool(NodePool):
                 argv = [*st.cfg.agent_argv(), *args]
                 return await self.run(node, argv, user=user, timeout_s=timeout_s, input=input)
             try:
-                reply = await agent.call(args, input, timeout_s)
+                reply = await self._launch_checked(st, user, agent, args, input, timeout_s)
             except TimeoutError:
                 raise BackendError(
                     f"node {node}: {args[0]} did not finish within {format_duration_s(timeout_s)}"
@@ -176,6 +184,44 @@ class ServingPool(NodePool):
             return RemoteResult(int(reply["exit"]), json.dumps(reply["answer"]), "")
         raise AssertionError("unreachable: the second try returns or raises")
 
+    async def _launch_checked(
+        self,
+        st: _Node,
+        user: str | None,
+        agent: ServingAgent,
+        args: Sequence[str],
+        input: str | None,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """``agent.call``; a launch its agent holds back (``recheck``) goes once sudo agrees.
+
+        Raises :class:`AccountError` when sudo no longer lets the scheduler run the agent as
+        ``user`` (the serving agent stays: it still answers for the jobs already running).
+        """
+        asked = list(args)
+        for _ in range(3):
+            reply = await agent.call(asked, input, timeout_s)
+            answer = reply.get("answer")
+            if reply.get("exit") != 1 or not isinstance(answer, dict) or "recheck" not in answer:
+                return reply
+            assert user is not None  # only an owner's agent, started by sudo, holds back
+            check = sudo_check_argv(st.cfg, self._serve_argv(st.cfg, user), user)
+            said = await self.run(st.cfg.name, check, timeout_s=30.0)
+            if said.exit_status != 0:
+                raise sudo_check_failed(st.cfg, user, said.stderr)
+            # sudo agreed after the fingerprint the agent sent was taken: launch under it
+            asked = [args[0], "--accounts-checked", str(answer["recheck"]), *args[1:]]
+        raise NodeRefusedError(
+            f"node {st.cfg.name}: its accounts or sudoers changed during each of 3 launches "
+            "of this job; it is launched again later"
+        )
+
+    @staticmethod
+    def _serve_argv(cfg: NodeConfig, user: str | None) -> list[str]:
+        """The serving agent's argv; one sudo starts watches what sudo's answer rests on."""
+        watch = ["--watch-accounts"] if user is not None and cfg.run_as == "sudo" else []
+        return [*cfg.agent_argv(), "serve", *watch]
+
     async def _serving(self, st: _Node, user: str | None) -> ServingAgent | None:
         """The node's serving agent for ``user``, started when missing; None: use a fresh one."""
         agent = st.agents.get(user)
@@ -194,7 +240,7 @@ class ServingPool(NodePool):
                 oldest.close()
             if len(st.agents) >= cap:
                 return None  # every serving agent is answering someone: a fresh agent
-            line = command_line(st.cfg, [*st.cfg.agent_argv(), "serve"], user)
+            line = command_line(st.cfg, self._serve_argv(st.cfg, user), user)
             conn = await self._connect(st, user)
             with self._translated(st, conn, "starting the node agent"):
                 process = await conn.create_process(line, encoding="utf-8")

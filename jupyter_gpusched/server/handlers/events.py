@@ -13,13 +13,19 @@ from tornado import websocket
 from jupyter_gpusched.core.api import MAX_ID
 from jupyter_gpusched.core.errors import UnavailableError
 
+from ..streams import StreamGuard
 from .base import API, GpuSchedMixin
 
 
 class ListenOnlyWebSocket(GpuSchedMixin, websocket.WebSocketHandler, JupyterHandler):
-    """A websocket that sends what ``relay()`` yields and ignores what its client sends."""
+    """A websocket that sends what ``relay()`` yields and ignores what its client sends.
+
+    It closes with 1008 (policy violation) and the reason once its caller's token, or the
+    admin right it was opened with, is revoked (:mod:`..streams`).
+    """
 
     _pump: asyncio.Task[None] | None = None
+    _guard: StreamGuard | None = None
 
     def set_default_headers(self) -> None:
         """JupyterHandler's page headers make no sense on a websocket."""
@@ -29,8 +35,14 @@ class ListenOnlyWebSocket(GpuSchedMixin, websocket.WebSocketHandler, JupyterHand
         await JupyterHandler.prepare(self, _redirect_to_login=False)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
-        """Start relaying to this client."""
+        """Start relaying to this client, and re-checking who it is."""
+        self._guard = StreamGuard(self, self._revoked)
+        self._guard.start()
         self._pump = asyncio.ensure_future(self._send_all())
+
+    def _revoked(self, why: str) -> None:
+        """The caller's token no longer holds: close with 1008 and why."""
+        self.close(1008, why.encode()[:120].decode(errors="ignore"))
 
     async def _send_all(self) -> None:
         try:
@@ -41,6 +53,8 @@ class ListenOnlyWebSocket(GpuSchedMixin, websocket.WebSocketHandler, JupyterHand
         except UnavailableError as exc:  # the store went away: reconnect later with after=
             self.close(1013, exc.message.encode()[:120].decode(errors="ignore"))
         finally:
+            if self._guard is not None:
+                self._guard.stop()
             self.stopped()
 
     def relay(self) -> AsyncIterator[str | bytes]:

@@ -225,6 +225,7 @@ class LogHandler(ApiHandler):
 
     _follow: asyncio.Task[None] | None = None
     _gone = False
+    _ended_by: str | None = None  # why the server ended the follow (a revoked token)
 
     @web.authenticated
     @authorized
@@ -249,17 +250,37 @@ class LogHandler(ApiHandler):
             return
         close = self.gate.open_stream(self.caller_limits(sched), follow=True)  # or 429
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
+        self._guard_follow()
         try:
             await self._follow
         except StreamClosedError:
             return  # the client went away; nothing left to tell it
         except asyncio.CancelledError:
-            if not self._gone:
+            if self._gone:
+                return
+            if self._ended_by is None:
                 raise
-            return
         finally:
             close()
         self.finish(set_content_type="text/plain; charset=utf-8")
+
+    def _guard_follow(self) -> None:
+        """End the follow once its caller's token or admin right is revoked (:mod:`..streams`).
+
+        The check stops when the follow ends, however it ends.
+        """
+        from ..streams import StreamGuard
+
+        assert self._follow is not None
+        guard = StreamGuard(self, self._end)
+        guard.start()
+        self._follow.add_done_callback(lambda _: guard.stop())
+
+    def _end(self, why: str) -> None:
+        """The caller's token no longer holds: end the follow (its body ends cleanly)."""
+        self._ended_by = why
+        if self._follow is not None:
+            self._follow.cancel()
 
     async def _pump(self, sched: Any, job_id: int, offset: int) -> None:
         await self.flush()  # the status line now: the client knows the follow is on
@@ -282,11 +303,12 @@ class JobEventsHandler(ApiHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        """The job's events as its page shows them."""
+        """The job's events as its page shows them, cut like the events websocket's."""
         sched = await self.scheduler()
         jid = job_id_arg(job_id)
-        sched.get_job(jid)  # 404 for an unknown job
-        self.write_model(timeline(sched.store.list_events(job_id=jid, limit=MAX_EVENTS)))
+        job = sched.get_job(jid)  # 404 for an unknown job
+        events = sched.store.list_events(job_id=jid, limit=MAX_EVENTS)
+        self.write_model(timeline(events, viewer=self.viewer, owner=job.user))
 
 
 class LeasesHandler(ApiHandler):
