@@ -185,7 +185,6 @@ class PendingUploads:
             os.chmod(dest, mode | stat.S_IRUSR)
 
 
-
 def check_uploads(uploads: Any, folder: str) -> PendingUploads:
     """Check every upload (names, base64, sizes, names that collide) before any is written.
 
