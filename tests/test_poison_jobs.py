@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 from jupyter_gpusched.batch.notebooks import MAX_RETRY_PAUSE_S, retry_pause_s
 from jupyter_gpusched.core import windows
 from jupyter_gpusched.core.api import NotebookSubmission, parse_body
+from jupyter_gpusched.core.bounds import MAX_NOT_BEFORE_S, MAX_RUNTIME_S
 from jupyter_gpusched.core.errors import InfeasibleError, InvalidSpecError
 from jupyter_gpusched.core.models import (
-    MAX_NOT_BEFORE_S,
-    MAX_RUNTIME_S,
     JobSpec,
     JobState,
     parse_spec,

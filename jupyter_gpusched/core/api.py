@@ -26,10 +26,10 @@ from pydantic import (
     model_validator,
 )
 
+from .bounds import MAX_RUNTIME_S, PathText
 from .errors import InvalidSpecError
 from .limits import PolicyLimits
 from .models import (
-    MAX_RUNTIME_S,
     Job,
     JobKind,
     JobRecord,
@@ -37,7 +37,6 @@ from .models import (
     JobSpec,
     JobState,
     JobSubmission,
-    PathText,
     PriorityClass,
     invalid_field,
 )

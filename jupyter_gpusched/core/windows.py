@@ -35,8 +35,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from . import api
+from .bounds import MAX_NOT_BEFORE_S, MAX_RUNTIME_S, SpecBounds
 from .limits import LimitPolicy, UserLimits, describe, limits_view
-from .models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S, SpecBounds
 from .units import format_duration_s
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")

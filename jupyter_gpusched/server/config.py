@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from jupyter_gpusched.core.bounds import MAX_NOT_BEFORE_S, MAX_RUNTIME_S
 from jupyter_gpusched.core.limits import (
     LIMIT_KEYS,
     NO_LIMITS,
@@ -33,7 +34,6 @@ from jupyter_gpusched.core.limits import (
     limits_text,
     with_overrides,
 )
-from jupyter_gpusched.core.models import MAX_NOT_BEFORE_S, MAX_RUNTIME_S
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 from jupyter_gpusched.core.windows import (
     ALL_DAYS,

@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
+from jupyter_gpusched.node.stage import private_folder
+
 from .availability import on_event_loop
 
 if TYPE_CHECKING:
@@ -92,20 +94,6 @@ def make_engine(url: str, *, echo: bool) -> Engine:
         conn.exec_driver_sql(f"BEGIN {options.get('gpusched_begin', 'DEFERRED')}")
 
     return engine
-
-
-def private_folder(path: str) -> None:
-    """Create the folder ``path`` and its missing parents 0700 (existing ones stay as they are)."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            continue  # another process made it meanwhile
-        os.chmod(folder, 0o700)  # whatever the umask
 
 
 def create_private(path: str) -> None:
