@@ -24,7 +24,7 @@ from tornado import httpclient, websocket
 
 pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
-from _fixtures_server import FAR_FUTURE, extension_config  # noqa: E402
+from _fixtures_server import FAR_FUTURE, close_websocket, extension_config  # noqa: E402
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402
 from _lab_scenarios import (  # noqa: E402
     definition_outlives_its_owners_server,
@@ -208,7 +208,7 @@ async def test_the_hub_revoking_a_token_or_an_admin_group_ends_those_streams_wit
         hub.api("DELETE", f"users/alice/tokens/{made['id']}")
         assert await _closed_within(hers, 5.0) == (1008, "the token of alice was revoked")
     finally:
-        hers.close()
-        his.close()
+        await close_websocket(hers)
+        await close_websocket(his)
         hub.api("DELETE", f"groups/{ADMIN_GROUP}")
         lab.admin("DELETE", f"jobs/{secret['id']}")

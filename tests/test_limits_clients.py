@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_server import FAR_FUTURE
+from _fixtures_server import FAR_FUTURE, close_websocket
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -80,7 +80,7 @@ def test_the_clients_events_say_the_streams_refusal(module_server: Any) -> None:
                 await anext(aiter(client.events(after=-1)))
             return info.value
         finally:
-            held.close()
+            await close_websocket(held)
 
     refused = asyncio.run(second_stream())
     assert (refused.status, refused.retry_after_s) == (429, 10.0)
@@ -100,10 +100,10 @@ def test_the_policy_command_asks_the_server_for_the_callers_limits(
 def test_the_magic_prints_the_refusal_in_one_line(
     module_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
     from IPython.utils.capture import capture_output
 
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # None when another module started it
     shell.run_line_magic("load_ext", "jupyter_gpusched")
     root = Path(module_server.root)
     (root / "train.py").write_text("print('never')\n")

@@ -402,9 +402,9 @@ def test_the_magic_finds_its_parent_server_in_the_runtime_dir(
 
 @pytest.fixture(scope="module")
 def shell() -> Any:
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()  # None when another module started it
     ip.run_line_magic("load_ext", "jupyter_gpusched")
     return ip
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from _fixtures_polling import wait_for
+from _fixtures_server import close_websocket
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import sleeper
 from tornado import httpclient, websocket
@@ -146,7 +147,7 @@ async def test_revoking_a_token_ends_its_follows_and_websockets_within_5_s(
         for follow in follows:
             follow.cancel()
         for ws in (*hers, his):
-            ws.close()
+            await close_websocket(ws)
         with contextlib.suppress(urllib.error.HTTPError):  # 409 once cancelled above
             lab.service.api("DELETE", f"jobs/{job['id']}", token=lab.service.admin_token)
         her_server.stop()

@@ -28,7 +28,7 @@ import pytest
 from _fixtures_notebooks import write_notebook
 from _fixtures_owners import OwnersNode, running_owners_node, skip_reason
 from _fixtures_polling import wait_for
-from _fixtures_server import FAR_FUTURE
+from _fixtures_server import FAR_FUTURE, close_websocket
 from _fixtures_service import ServiceProcess
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python
 from tornado import httpclient, websocket
@@ -189,10 +189,10 @@ def test_his_leases_websockets_and_uploads_stop_at_his_limits_and_hers_go_on(lab
                 await _events(lab, lab.bob)
             assert refused.value.code == 429
             hers = await _events(lab, lab.alice)  # her stream opens, his flood aside
-            await _close(hers)
+            await close_websocket(hers)
         finally:
             for ws in opened:
-                await _close(ws)
+                await close_websocket(ws)
 
     asyncio.run(sockets())
     for _, job, _ in leases[:4]:
@@ -291,10 +291,3 @@ async def _events(lab: Lab, token: str) -> websocket.WebSocketClientConnection:
         headers={"Authorization": f"token {token}"},
     )
     return await websocket.websocket_connect(request)
-
-
-async def _close(ws: websocket.WebSocketClientConnection) -> None:
-    """Close and wait for the server's close: nothing is left open when the loop ends."""
-    ws.close()
-    while await asyncio.wait_for(ws.read_message(), 30) is not None:
-        pass

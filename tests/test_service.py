@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _fixtures_live_server import api, execute, notebook, text
-from _fixtures_server import FAR_FUTURE, ServerProcess
+from _fixtures_server import FAR_FUTURE, ServerProcess, close_websocket
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import (
     definition_outlives_its_owners_server,
@@ -104,7 +104,7 @@ def test_events_reach_each_user_through_their_own_server(lab: TokenLab) -> None:
                 if message.get("job_id") == job["id"]:
                     return message
         finally:
-            conn.close()
+            await close_websocket(conn)
 
     event = IOLoop.current().run_sync(first_event_of_job, timeout=30)
     assert event["kind"] == "submitted" and event["job"]["spec"]["user"] == "bob"
@@ -220,7 +220,7 @@ def test_a_stream_past_the_users_limit_is_refused_through_their_server(lab: Toke
             return info.value
         finally:
             for conn in held:
-                conn.close()
+                await close_websocket(conn)
 
     refused = IOLoop.current().run_sync(third_stream, timeout=30)
     assert refused.code == 429 and refused.response is not None
