@@ -25,7 +25,7 @@ from jupyter_gpusched.client.api import ApiError, GpuSchedClient
 FAR = FAR_FUTURE
 ME = getpass.getuser()
 FULL = (
-    f"{ME} has 1 queued jobs, the limit (GpuSchedPolicy.limits queued_jobs) is 1: wait for "
+    f"{ME} has 1 queued job, the limit (GpuSchedPolicy.limits queued_jobs) is 1: wait for "
     "some to start, or cancel some"
 )
 
@@ -84,7 +84,7 @@ def test_the_clients_events_say_the_streams_refusal(module_server: Any) -> None:
 
     refused = asyncio.run(second_stream())
     assert (refused.status, refused.retry_after_s) == (429, 10.0)
-    assert refused.message.startswith(f"{ME} has 1 streams open")
+    assert refused.message.startswith(f"{ME} has 1 stream open")
 
 
 def test_the_policy_command_asks_the_server_for_the_callers_limits(

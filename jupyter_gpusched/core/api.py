@@ -399,7 +399,7 @@ class JobPost(JobSubmission):
 
 
 class JobPostList(RootModel[list[JobPost]]):
-    """``POST jobs`` with a list: several jobs (without `array`) queued in one transaction."""
+    """``POST jobs`` with a list: several jobs (without `array`) queued together, all or none."""
 
     root: list[JobPost] = Field(min_length=1, max_length=MAX_ARRAY)
 

@@ -224,24 +224,30 @@ def _n(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
 
 
+def _count(value: float, one: str, many: str) -> str:
+    """``1 lease``, ``2 leases``: a count and its noun."""
+    return f"{_n(value)} {one if value == 1 else many}"
+
+
 def refusal(mine: UserLimits, key: str, have: float, asking: float = 0) -> str:
     """Why a request is over ``key``: the user, their count, the limit and its setting."""
     user, limit, named = mine.user, getattr(mine.limits, key), mine.named(key)
     if key == "queued_jobs":
         more = f" and asks for {_n(asking)} more" if asking > 1 else ""
         return (
-            f"{user} has {_n(have)} queued jobs{more}, the limit ({named}) is {_n(limit)}: "
-            "wait for some to start, or cancel some"
+            f"{user} has {_count(have, 'queued job', 'queued jobs')}{more}, the limit ({named}) "
+            f"is {_n(limit)}: wait for some to start, or cancel some"
         )
     if key == "leases":
         return (
-            f"{user} holds {_n(have)} leases (queued or running), the limit ({named}) is "
-            f"{_n(limit)}: release one (%gpu release, or shut down a GPU kernel)"
+            f"{user} holds {_count(have, 'lease', 'leases')} (queued or running), the limit "
+            f"({named}) is {_n(limit)}: release one (%gpu release, or shut down a GPU kernel)"
         )
     if key == "streams":
         return (
-            f"{user} has {_n(have)} streams open (event websockets and log follows), the limit "
-            f"({named}) is {_n(limit)}: close a lab tab, a %gpu status widget or a log follow"
+            f"{user} has {_count(have, 'stream', 'streams')} open (event websockets and log "
+            f"follows), the limit ({named}) is {_n(limit)}: close a lab tab, a %gpu status "
+            "widget or a log follow"
         )
     if key == "upload_bytes":
         return (

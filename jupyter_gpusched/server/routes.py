@@ -139,8 +139,9 @@ ROUTES: tuple[Route, ...] = (
                 location="the new job, `{base_url}gpusched/api/jobs/{id}`, or the jobs of a "
                 "bulk submit, `{base_url}gpusched/api/jobs?array={array_id}`",
                 description="The server sets `user`. A list of jobs, or one job with `array: "
-                f"N`, is a bulk submit of at most {api.MAX_ARRAY} jobs: all are queued in one "
-                "transaction or none is, and each carries the labels `array_id` (the first "
+                f"N`, is a bulk submit of at most {api.MAX_ARRAY} jobs: all are queued or none "
+                "is (more than 500 are written in chunks, held until the last is in), and "
+                "each carries the labels `array_id` (the first "
                 "job's id) and `array_index` (0-based), also in its environment as "
                 "`$GPUSCHED_ARRAY_ID` and `$GPUSCHED_ARRAY_INDEX`. Past the caller's per-user "
                 "limits (`GpuSchedPolicy.limits`: queued jobs and leases, counting every job "

@@ -140,7 +140,7 @@ async def test_leases_at_once_are_limited_apart_from_other_jobs(gpusched: ApiCli
     await gpusched.submit(**lease)
     resp = await gpusched.request("POST", "jobs", body=lease)
     assert refused(resp)["message"] == (
-        "alice holds 1 leases (queued or running), the limit (GpuSchedPolicy.limits leases) is "
+        "alice holds 1 lease (queued or running), the limit (GpuSchedPolicy.limits leases) is "
         "1: release one (%gpu release, or shut down a GPU kernel)"
     )
     assert resp.headers["Retry-After"] == "30"
