@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,15 +103,27 @@ class JobActions:
     async def submit_grouped(self, spec: JobSpec) -> Job:
         """:meth:`submit` for concurrent callers: committed off the loop, with the others'."""
         self._admit(spec)
-        key = (spec.user, spec.kind is JobKind.LEASE)
-        self._submitting[key] = self._submitting.get(key, 0) + 1
-        try:
+        with self._incoming([spec]):
             return await self._group.submit(spec)
+
+    @contextlib.contextmanager
+    def _incoming(self, specs: Sequence[JobSpec]) -> Iterator[None]:
+        """Count ``specs`` as on their way into the queue while the block runs.
+
+        :meth:`check_room` adds them to what the store counts: entered before the first await
+        (the check just before saw nothing of them), so two submits at once cannot both pass.
+        """
+        counts = Counter((spec.user, spec.kind is JobKind.LEASE) for spec in specs)
+        for key, n in counts.items():
+            self._submitting[key] = self._submitting.get(key, 0) + n
+        try:
+            yield
         finally:
-            if (left := self._submitting[key] - 1) > 0:
-                self._submitting[key] = left
-            else:
-                del self._submitting[key]
+            for key, n in counts.items():
+                if (left := self._submitting[key] - n) > 0:
+                    self._submitting[key] = left
+                else:
+                    del self._submitting[key]
 
     def note_caller(self, user: str, groups: frozenset[str], admin: bool) -> None:
         """Remember who ``user`` is (their groups, whether an admin) for the passes' limits."""
@@ -169,6 +182,10 @@ class JobActions:
         killed meanwhile leaves them held; :meth:`cancel_cut_arrays` cancels them later).
         """
         self._admit_all(specs)
+        with self._incoming(specs):
+            return await self._write_bulk(specs)
+
+    async def _write_bulk(self, specs: Sequence[JobSpec]) -> list[Job]:
         if len(specs) <= BULK_CHUNK:
             jobs = await off_the_loop(self.store.add_jobs, specs, array=True)
             self.wake_for_new()

@@ -9,6 +9,7 @@ the server's admin. With no limits configured (a personal server) nothing is lim
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -80,6 +81,18 @@ async def test_a_user_at_her_queued_limit_gets_429_and_another_user_still_submit
     assert (await bob.submit(**LATER))["user"] == "bob"  # her flood is hers alone
     queued = await alice.json("GET", "jobs", params={"user": "alice", "state": "queued"})
     assert queued["total"] == 3
+
+
+async def test_two_bulk_submits_at_once_cannot_both_pass_the_queued_limit(
+    gpusched: ApiClient,
+) -> None:
+    bob = gpusched.as_user("bob")  # in 'lab' by user_groups: 6 queued
+    first, second = await asyncio.gather(
+        *(bob.request("POST", "jobs", body={**LATER, "array": 4}) for _ in range(2))
+    )
+    assert sorted([first.code, second.code]) == [201, 429], (first.body, second.body)
+    queued = await bob.json("GET", "jobs", params={"user": "bob", "state": "queued"})
+    assert queued["total"] == 4
 
 
 async def test_a_bulk_submit_past_array_size_is_refused_422_naming_the_limit(
