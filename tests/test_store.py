@@ -20,6 +20,7 @@ from jupyter_gpusched.core.errors import (
     NotFoundError,
 )
 from jupyter_gpusched.core.models import (
+    ARRAY_BEING_QUEUED,
     TRANSITIONS,
     JobKind,
     JobSpec,
@@ -628,3 +629,41 @@ def test_started_at_given_when_starting_is_kept_when_running(
     store.transition(job.id, S.PREEMPTED)
     requeued = store.transition(job.id, S.QUEUED, placement=None, started_at=None)
     assert requeued.started_at is None and requeued.placement is None
+
+
+def test_a_big_arrays_tasks_are_released_whole_or_cancelled_and_found_by_their_array(
+    store: Store, clock: ManualClock
+) -> None:
+    def queue_held(base: JobSpec, n: int) -> list[Any]:
+        head = store.add_array_head(base)
+        specs, values = store.task_values(base, head.id, range(1, n), ARRAY_BEING_QUEUED)
+        return [head, *store.queued(specs, values, store.insert_queued(values))]
+
+    whole = queue_held(script(), 5)
+    cut = queue_held(script("bob"), 3)
+    assert all(j.held and j.reason == ARRAY_BEING_QUEUED for j in store.list_jobs()[0])
+    assert store.release_array(whole[0].id, whole, "waiting: later") == 5
+    released, total = store.list_jobs(array_id=whole[0].id, limit=None)
+    assert total == 5 and {(j.held, j.reason) for j in released} == {(False, "waiting: later")}
+    assert [j.spec.labels["array_index"] for j in released] == [str(i) for i in range(5)]
+
+    clock.advance(60)
+    assert store.cancel_unfinished_arrays("cut", before=clock.now() - timedelta(seconds=120)) == 0
+    assert store.cancel_unfinished_arrays("cut", before=clock.now()) == 3
+    assert {j.state for j in store.list_jobs(array_id=cut[0].id, limit=None)[0]} == {S.CANCELLED}
+    assert {j.state for j in store.list_jobs(array_id=whole[0].id, limit=None)[0]} == {S.QUEUED}
+
+
+def test_a_full_pass_reads_neither_held_jobs_nor_far_ones_once_they_have_their_reason(
+    store: Store, clock: ManualClock
+) -> None:
+    soon = clock.now() + timedelta(days=1)
+    fresh_far = store.add_job(script(not_before=clock.now() + timedelta(days=30)))
+    told_far = store.add_job(script(not_before=clock.now() + timedelta(days=30)))
+    near = store.add_job(script(not_before=clock.now() + timedelta(hours=2)))
+    plain = store.add_job(script())
+    held = store.add_job(script())
+    store.set_reasons({told_far.id: "waiting: not before", near.id: "w", plain.id: "w"})
+    store.update_job(held.id, held=True, reason="waiting: held by its owner")
+    weighed = [j.id for j in store.queued_for_pass(soon)]
+    assert weighed == [fresh_far.id, near.id, plain.id]
