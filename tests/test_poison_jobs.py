@@ -172,7 +172,7 @@ async def test_a_job_the_pass_fails_on_is_held_with_its_reason_and_the_others_st
 
         # its owner releases it: it fails again, and is held again, counted
         h.sched.update(poison, user="mallory", held=False)
-        assert not h.job(poison).handle["fault"]["holding"]
+        assert not h.job(poison).held
         await h.sched.tick()
         again = h.job(poison)
         assert again.held and again.handle["fault"]["count"] == 2

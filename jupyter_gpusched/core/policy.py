@@ -16,7 +16,7 @@ from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 from .limits import LimitPolicy, running_reason
-from .models import ARRAY_BEING_QUEUED, Job, JobState, PriorityClass
+from .models import Job, JobState, PriorityClass
 from .units import format_duration_s
 from .windows import PolicyConfig, Quota, Window, _aware, _num, local_boundary
 
@@ -145,17 +145,12 @@ def order_queue(
 
 
 def held_reason(job: Job) -> str:
-    """Why a held job waits: held by its owner, by the scheduler, or for the rest of its array.
+    """Why a held job waits: what whoever held it said, else that its owner held it.
 
-    The scheduler holds a job its pass failed on; a big array's tasks are held while the rest
-    of it is still being written.
+    Its owner, the scheduler when a pass failed on it, a big array's submit while the rest of
+    it is written: each sets the reason when it holds the job.
     """
-    fault = job.handle.get("fault")
-    if isinstance(fault, dict) and fault.get("holding") and job.reason:
-        return job.reason
-    if job.reason == ARRAY_BEING_QUEUED:
-        return job.reason
-    return "waiting: held by its owner"
+    return job.reason or "waiting: held by its owner"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.availability import off_the_loop
-from jupyter_gpusched.store.reasons import FAULT
 from jupyter_gpusched.store.store import Store
 
 from .increments import QueuePositions
@@ -363,10 +362,6 @@ class JobActions:
             if held and job.state is JobState.QUEUED:
                 # said now: passes do not weigh held jobs (released ones they weigh again)
                 fields["reason"] = "waiting: held by its owner"
-            fault = job.handle.get(FAULT)
-            if isinstance(fault, dict) and fault.get("holding"):
-                # held or released by a person now: the scheduler's hold (and reason) is over
-                fields["handle"] = {**job.handle, FAULT: {**fault, "holding": False}}
         if not fields:
             return job
         job = self.store.update_job(job_id, **fields)

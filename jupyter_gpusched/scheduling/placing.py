@@ -472,7 +472,12 @@ class Placing:
         await self.launcher.place(job, reply, node, _runtime_limit(job, active))
 
     def _set_reason(self, job: Job, reason: str | None) -> None:
-        """Record why a queued job waits (and why it was requeued); only when that changes."""
+        """Record why a queued job waits (and why it was requeued); only when that changes.
+
+        A held job keeps the reason whoever held it gave (:func:`~.policy.held_reason`).
+        """
+        if job.held and job.reason:
+            return
         if reason and (why := job.handle.get("requeued")):
             reason = f"{reason}; requeued: {why}"
         if job.reason != reason:

@@ -25,7 +25,7 @@ from .rows import _get_row, add_event_row, add_event_rows, job_from_row
 
 #: A job whose waiting reason was written: (id, its row's version before, the reason).
 ReasonChange = tuple[int, int, str | None]
-#: The handle key of a job the scheduler could not handle: count, error, when, still holding.
+#: The handle key of a job the scheduler could not handle: how often, the last error, when.
 FAULT = "fault"
 
 
@@ -108,7 +108,7 @@ class WaitingReasons:
                 return None
             before: dict[str, Any] = dict(row.handle.get(FAULT) or {})
             count = int(before.get("count", 0)) + 1
-            fault = {"count": count, "error": error, "at": now.isoformat(), "holding": True}
+            fault = {"count": count, "error": error, "at": now.isoformat()}
             row.handle = {**row.handle, FAULT: fault}
             row.held = True
             row.reason = reason(count)
