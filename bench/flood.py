@@ -18,15 +18,12 @@ Run: ``.venv/bin/python bench/flood.py [--rounds 5] [--jobs 30000] [--array 1000
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,18 +57,8 @@ class Round:
 
 def call(service: ServiceProcess, token: str, method: str, path: str, body: Any = None) -> Any:
     """One request; (status, JSON answer or None)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        service.url + "gpusched/api/" + path,
-        data=data,
-        method=method,
-        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, None
+    status, answer, _ = service.call(method, path, body, token=token, timeout_s=120)
+    return status, answer
 
 
 def alice_meanwhile(

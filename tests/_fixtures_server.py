@@ -14,8 +14,6 @@ list ``_fixtures_server`` in conftest's ``pytest_plugins``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -351,19 +349,3 @@ def server_process(tmp_path: Path) -> Any:
     server = ServerProcess(tmp_path).start()
     yield server
     server.stop()
-
-
-async def close_websocket(ws: Any) -> None:
-    """Close a client websocket and wait for the server's close, so no socket outlives a test.
-
-    ``close()`` only sends the close frame: a loop that ends first (``asyncio.run``) leaves the
-    socket open until the garbage collector finds it, in some later test (a ResourceWarning).
-    """
-    ws.close()
-    try:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                while not ws.stream.closed() and await ws.read_message() is not None:
-                    pass
-    finally:
-        ws.stream.close()

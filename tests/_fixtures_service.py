@@ -111,15 +111,29 @@ class ServiceProcess:
 
     def api(self, method: str, path: str, body: Any = None, *, token: str) -> Any:
         """One REST call with ``token``; the JSON answer (HTTPError on 4xx/5xx)."""
+        with urllib.request.urlopen(self._request(method, path, body, token), timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, token: str, timeout_s: float = 60
+    ) -> tuple[int, Any, Any]:
+        """One REST call with ``token``: (status, JSON answer or None, headers), errors too."""
+        req = self._request(method, path, body, token)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return resp.status, json.loads(resp.read()), resp.headers
+        except urllib.error.HTTPError as err:
+            with err:
+                return err.code, json.loads(err.read() or b"null"), err.headers
+
+    def _request(self, method: str, path: str, body: Any, token: str) -> urllib.request.Request:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
+        return urllib.request.Request(
             self.url + "gpusched/api/" + path,
             data=data,
             method=method,
             headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
         """SIGTERM (clean) or SIGKILL (a crash), then wait."""

@@ -24,13 +24,15 @@ from tornado import httpclient, websocket
 
 pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
-from _fixtures_server import FAR_FUTURE, close_websocket, extension_config  # noqa: E402
+from _fixtures_server import FAR_FUTURE, extension_config  # noqa: E402
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402
 from _lab_scenarios import (  # noqa: E402
     definition_outlives_its_owners_server,
     one_queue,
     status_of,
 )
+
+from jupyter_gpusched.client.api import close_websocket  # noqa: E402
 
 __all__ = ["hub_factory", "unix_users", "user_python"]  # fixtures
 

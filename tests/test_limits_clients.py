@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_server import FAR_FUTURE, close_websocket
+from _fixtures_server import FAR_FUTURE
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
 from jupyter_gpusched.cli import app as cli
-from jupyter_gpusched.client.api import ApiError, GpuSchedClient
+from jupyter_gpusched.client.api import ApiError, GpuSchedClient, close_websocket
 
 FAR = FAR_FUTURE
 ME = getpass.getuser()

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from _fixtures_polling import wait_for
-from _fixtures_server import close_websocket
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import sleeper
 from tornado import httpclient, websocket
 
+from jupyter_gpusched.client.api import close_websocket
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.store import tokens
 from jupyter_gpusched.store.store import Store

@@ -28,11 +28,12 @@ import pytest
 from _fixtures_notebooks import write_notebook
 from _fixtures_owners import OwnersNode, running_owners_node, skip_reason
 from _fixtures_polling import wait_for
-from _fixtures_server import FAR_FUTURE, close_websocket
+from _fixtures_server import FAR_FUTURE
 from _fixtures_service import ServiceProcess
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python
 from tornado import httpclient, websocket
 
+from jupyter_gpusched.client.api import close_websocket
 from jupyter_gpusched.core.clock import SystemClock
 from jupyter_gpusched.store import tokens
 from jupyter_gpusched.store.store import Store
@@ -56,19 +57,7 @@ class Lab:
 
     def call(self, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any, Any]:
         """(status, JSON answer, headers) of one request; errors are answers too."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"{self.service.url}gpusched/api/{path}",
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                return resp.status, json.loads(resp.read()), resp.headers
-        except urllib.error.HTTPError as err:
-            with err:
-                return err.code, json.loads(err.read() or b"null"), err.headers
+        return self.service.call(method, path, body, token=token)
 
     def ok(self, token: str, method: str, path: str, body: Any = None) -> Any:
         status, answer, _ = self.call(token, method, path, body)

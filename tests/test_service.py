@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _fixtures_live_server import api, execute, notebook, text
-from _fixtures_server import FAR_FUTURE, ServerProcess, close_websocket
+from _fixtures_server import FAR_FUTURE, ServerProcess
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import (
     definition_outlives_its_owners_server,
@@ -29,6 +29,8 @@ from _lab_scenarios import (
 )
 from tornado import httpclient, websocket
 from tornado.ioloop import IOLoop
+
+from jupyter_gpusched.client.api import close_websocket  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -328,17 +328,7 @@ class GpuSchedClient:
             while (message := await conn.read_message()) is not None:
                 yield EventMessage.model_validate_json(message)
         finally:
-            # close() only sends the close frame; tornado closes the socket once the server
-            # answers (or 5 s later), on a loop that may end first (asyncio.run): the socket
-            # would stay open. Wait for the answer (the end reads as None), then make sure.
-            conn.close()
-            try:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(5):
-                        while not conn.stream.closed() and await conn.read_message() is not None:
-                            pass
-            finally:
-                conn.stream.close()  # a no-op once closed; else (cancelled, timed out) abort
+            await close_websocket(conn)
 
     # -- notebooks and definitions -------------------------------------------------------------
 
@@ -440,3 +430,20 @@ def _slash(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ServerNotFoundError(f"{url!r} is not a server URL; write it like http://host:8888/")
     return url if url.endswith("/") else url + "/"
+
+
+async def close_websocket(conn: Any, timeout_s: float = 5.0) -> None:
+    """Close a client websocket (tornado's) and wait until its socket is closed.
+
+    ``close()`` only sends the close frame; tornado closes the socket once the server answers
+    (or 5 s later), on a loop that may end first (``asyncio.run``): the socket would stay open.
+    Wait for the answer (the end reads as None), then make sure.
+    """
+    conn.close()
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while not conn.stream.closed() and await conn.read_message() is not None:
+                    pass
+    finally:
+        conn.stream.close()  # a no-op once closed; else (cancelled, timed out) abort
