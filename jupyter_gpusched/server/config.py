@@ -16,7 +16,7 @@ Set in ``jupyter_server_config.py``, e.g.::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -195,40 +195,19 @@ class GpuSchedPolicy(Configurable):
             raise TraitError(f"GpuSchedPolicy.windows: names must be unique, got {names!r}")
         return list(value)
 
-    @validate("quotas")
-    def _check_quotas(self, proposal: Any) -> dict[str, Any]:
-        for user, q in proposal["value"].items():
-            try:
-                quota_from_dict(q)
-            except ValueError as exc:
-                raise TraitError(f"GpuSchedPolicy.quotas[{user!r}]: {exc}") from None
-        return dict(proposal["value"])
-
-    @validate("default_quota")
-    def _check_default_quota(self, proposal: Any) -> dict[str, Any]:
-        try:
-            quota_from_dict(proposal["value"])
-        except ValueError as exc:
-            raise TraitError(f"GpuSchedPolicy.default_quota: {exc}") from None
-        return dict(proposal["value"])
-
-    @validate("limits", "admin_limits")
-    def _check_limits(self, proposal: Any) -> dict[str, Any]:
+    @validate("default_quota", "limits", "admin_limits")
+    def _check_one(self, proposal: Any) -> dict[str, Any]:
         name = proposal["trait"].name
-        try:
-            limits_from_dict(proposal["value"])
-        except ValueError as exc:
-            raise TraitError(f"GpuSchedPolicy.{name}: {exc}") from None
+        parse = quota_from_dict if name == "default_quota" else limits_from_dict
+        _parsed(f"GpuSchedPolicy.{name}", proposal["value"], parse)
         return dict(proposal["value"])
 
-    @validate("group_limits", "user_limits")
-    def _check_limits_by_name(self, proposal: Any) -> dict[str, Any]:
+    @validate("quotas", "group_limits", "user_limits")
+    def _check_each(self, proposal: Any) -> dict[str, Any]:
         name = proposal["trait"].name
+        parse = quota_from_dict if name == "quotas" else limits_from_dict
         for key, value in proposal["value"].items():
-            try:
-                limits_from_dict(value)
-            except ValueError as exc:
-                raise TraitError(f"GpuSchedPolicy.{name}[{key!r}]: {exc}") from None
+            _parsed(f"GpuSchedPolicy.{name}[{key!r}]", value, parse)
         return dict(proposal["value"])
 
     @validate("user_groups")
@@ -297,6 +276,14 @@ class GpuSchedPolicy(Configurable):
             admins=limits_from_dict(self.admin_limits),
             user_groups={u: frozenset(g) for u, g in self.user_groups.items()},
         )  # fmt: skip
+
+
+def _parsed(where: str, value: Any, parse: Callable[[Any], Any]) -> None:
+    """``parse(value)``, its ValueError a TraitError saying ``where`` the bad value is."""
+    try:
+        parse(value)
+    except ValueError as exc:
+        raise TraitError(f"{where}: {exc}") from None
 
 
 def parse_days(value: object) -> frozenset[int]:
