@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -180,15 +179,6 @@ class GpuSchedApp(ExtensionApp):
         help="""Log follows (GET jobs/{id}/log?follow=1) one user may hold open at once; more
         are refused with 429. Each holds an SSH channel on the job's node (so this holds in
         every mode), and counts against the user's streams (GpuSchedPolicy.limits) too.""",
-    ).tag(config=True)
-    gil_switch_interval_s = Float(
-        None,
-        allow_none=True,
-        help="""How long a thread of the server may hold Python's GIL while another waits for
-        it (sys.setswitchinterval); None: 0.001 in the lab-wide service, Python's own 0.005
-        otherwise. Big submits and answers are built in worker threads so the event loop
-        stays free; the loop still needs the GIL for each request, and at 5 ms a turn another
-        user's read waited up to tens of milliseconds behind a flood's chunks.""",
     ).tag(config=True)
     gc_freeze = Bool(
         True,
@@ -369,11 +359,6 @@ class GpuSchedApp(ExtensionApp):
             ready.set()
             self.log.info("gpusched | forwarding to the lab's service at %s", self.link.url)
             return
-        switch_s = self.gil_switch_interval_s
-        if switch_s is None and self.mode == "service":
-            switch_s = 0.001
-        if switch_s is not None:
-            sys.setswitchinterval(switch_s)
         if self.gc_freeze:
             from .gc_pauses import GcFreezer
 

@@ -21,6 +21,7 @@ Two ways to know who calls (``--GpuSchedService.auth``):
 from __future__ import annotations
 
 import os
+import sys
 import urllib.parse
 from typing import Any
 
@@ -32,6 +33,11 @@ from .config import GpuSchedPolicy
 
 #: Where the service listens when no Hub says: loopback, a port of its own.
 DEFAULT_PORT = 10101
+#: How long one of the service's threads may hold Python's GIL while another waits for it
+#: (Python's own: 5 ms). Big submits and answers are built in worker threads so the event loop
+#: stays free, but the loop needs the GIL for each request: at 5 ms a turn, another user's read
+#: waited tens of milliseconds behind a flood's chunks (BENCHMARKS.md, "One user's flood").
+GIL_SWITCH_S = 0.001
 
 
 def under_hub() -> bool:
@@ -127,6 +133,11 @@ class GpuSchedService(ServerApp):
         """Only the gpusched extension runs here, unless told otherwise."""
         if not self.quiet_extensions:
             super().find_server_extensions()
+
+    def initialize(self, argv: Any = None, **kwargs: Any) -> None:
+        """Jupyter's, then Python's GIL handed on every :data:`GIL_SWITCH_S`."""
+        super().initialize(argv, **kwargs)
+        sys.setswitchinterval(GIL_SWITCH_S)
 
     def init_configurables(self) -> None:
         """Refuse to serve without knowing who calls."""
