@@ -88,15 +88,7 @@ def copy_job(job: Job) -> Job:
     """A copy callers may change: the handle is its one mutable part (spec, placement frozen).
 
     What ``model_copy(update={"handle": ...})`` makes, a third of its cost: a page of jobs
-    copies each. The attributes set are pydantic's own (those ``model_construct`` sets). Kept
-    jobs are never changed in place (a change keeps a new object), so a shared read stays
-    as it was read.
+    copies each. Kept jobs are never changed in place (a change keeps a new object), so a
+    shared read stays as it was read.
     """
-    new = object.__new__(Job)
-    fields = job.__dict__.copy()
-    fields["handle"] = copy.deepcopy(fields["handle"]) if fields["handle"] else {}
-    object.__setattr__(new, "__dict__", fields)
-    object.__setattr__(new, "__pydantic_fields_set__", set(job.__pydantic_fields_set__))
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", copy.copy(job.__pydantic_private__))
-    return new
+    return replaced(job, handle=copy.deepcopy(job.handle) if job.handle else {})
