@@ -81,14 +81,15 @@ class JobsHandler(ApiHandler):
         body = self.json_body()
         self._check_limits(sched, body)
         self._uploads: list[PendingUploads] = []
+        self._bounds = sched.policy.spec_bounds(sched.clock.now())  # one for all the jobs
         if isinstance(body, list):
-            specs = self._specs(sched, body)
+            specs = self._specs(body)
             self._write_uploads()
             jobs = await sched.submit_bulk(specs)
         else:
             count = body.pop("array", None) if isinstance(body, dict) else None
             _check_array(count)
-            spec = self._spec(sched, body)
+            spec = self._spec(body)
             self._write_uploads()
             if count is None:
                 job = await sched.submit_grouped(spec)
@@ -124,7 +125,7 @@ class JobsHandler(ApiHandler):
         ) * (count if isinstance(body, dict) else 1)
         sched.check_room(mine, jobs=count, leases=leases)
 
-    def _specs(self, sched: Any, body: list[Any]) -> list[JobSpec]:
+    def _specs(self, body: list[Any]) -> list[JobSpec]:
         if not 1 <= len(body) <= MAX_ARRAY:
             raise InvalidSpecError(
                 "body",
@@ -137,19 +138,18 @@ class JobsHandler(ApiHandler):
                     f"{i}.array", "arrays cannot be nested in a list; list the jobs instead"
                 )
             try:
-                specs.append(self._spec(sched, item))
+                specs.append(self._spec(item))
             except InvalidSpecError as exc:
                 field, _, message = str(exc.message).partition(": ")
                 raise InvalidSpecError(f"{i}.{exc.field}", message or field) from None
         return specs
 
-    def _spec(self, sched: Any, body: Any) -> JobSpec:
+    def _spec(self, body: Any) -> JobSpec:
         if isinstance(body, dict) and "user" in body:
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         if isinstance(body, dict) and (pending := self.take_uploads(body)) is not None:
             self._uploads.append(pending)
-        bounds = sched.policy.spec_bounds(sched.clock.now())
-        return parse_spec(body, bounds=bounds, user=self.username)
+        return parse_spec(body, bounds=self._bounds, user=self.username)
 
     def _write_uploads(self) -> None:
         for pending in self._uploads:
