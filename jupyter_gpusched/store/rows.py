@@ -202,10 +202,16 @@ def queued_values(
         "placement": None,
         "handle": {},
         "reason": reason,
-        # copied from the spec (every row names the same columns: one batched statement)
-        "not_before": spec.not_before,
-        "array_id": (array_of(spec) or (None,))[0],
+        **spec_columns(spec),
     }
+
+
+def spec_columns(spec: JobSpec) -> dict[str, Any]:
+    """The columns copied from a spec, for queries that must not read every spec.
+
+    Always both (every new row names the same columns: one batched statement).
+    """
+    return {"not_before": spec.not_before, "array_id": (array_of(spec) or (None,))[0]}
 
 
 def queued_job(
@@ -291,8 +297,8 @@ def _apply(row: JobRow, fields: Mapping[str, Any]) -> None:
             spec = stored_spec(value)
             row.spec = _spec_json(spec)
             row.priority_class = spec.priority_class.value
-            row.not_before = spec.not_before
-            row.array_id = (array_of(spec) or (None,))[0]
+            for column, copied in spec_columns(spec).items():
+                setattr(row, column, copied)
         elif key == "handle":
             row.handle = dict(value or {})
         else:
