@@ -8,7 +8,14 @@ again at once. Prints one table row per store and window: jobs lost, run twice, 
 states, GPUs held at the end with nothing running, GPU overlaps, and the time from restart to
 the API answering (median / max).
 
+``--blips N`` runs the network side instead: each node reached through a loopback forwarder
+whose line is cut N times for 1-6 s (less than the service's 20 s ``node_down_after_s``)
+while 60 jobs of 3-8 s run with ``retries=1``, on both stores; then one busy node cut past the
+grace. Prints jobs lost, run twice (work redone), killed, wrong final states, GPU overlaps,
+and what became of the long cut's jobs (re-adopted, or stopped because their retry ran).
+
 Run: ``.venv/bin/python bench/chaos.py [--jobs 200] [--kills 8] [--seed 1] [--only sqlite-day]``
+or ``.venv/bin/python bench/chaos.py --blips 20 [--jobs 60]``
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from _fixtures_blip import run_blips  # noqa: E402
 from _fixtures_chaos import run_chaos  # noqa: E402
 from _fixtures_failover import SimNodes, kill_leftovers  # noqa: E402
 from _fixtures_postgres import _Cluster, _find_bindir, create_database  # noqa: E402
@@ -38,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only", help="one of sqlite-day, sqlite-night, postgres-day, postgres-night")
+    p.add_argument("--blips", type=int, default=0, help="cut the nodes' lines N times instead")
     args = p.parse_args(argv)
+    if args.blips:
+        return blips(args.blips, args.jobs if args.jobs != 200 else 60, args.seed)
     combos = [(s, w) for s in ("sqlite", "postgres") for w in ("day", "night")]
     if args.only:
         combos = [c for c in combos if "-".join(c) == args.only]
@@ -84,6 +95,49 @@ def main(argv: list[str] | None = None) -> int:
                 clean = False
                 for job_id, story in report.details.items():
                     print(f"  job {job_id}:", *story, sep="\n    ", flush=True)
+    finally:
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if clean else 1
+
+
+BLIP_HEADER = (
+    "| store | jobs | line cuts (length) | lost | run twice | killed | wrong final state "
+    "| GPU overlaps | long cut past the grace: its jobs | run |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def blips(cuts: int, jobs: int, seed: int) -> int:
+    """Cut the nodes' lines ``cuts`` times on each store; one table row per store."""
+    root = Path(tempfile.mkdtemp(prefix="gpusched-blips-"))
+    bindir = _find_bindir()
+    pg = _Cluster(bindir) if bindir is not None else None
+    if pg is not None:
+        pg.start()
+    print(BLIP_HEADER, flush=True)
+    clean = True
+    try:
+        for store in ("sqlite", "postgres") if pg is not None else ("sqlite",):
+            run = root / store
+            run.mkdir()
+            nodes = SimNodes(run / "nodes")
+            try:
+                url = (
+                    f"sqlite:///{run / 'blips.db'}"
+                    if pg is None or store == "sqlite"
+                    else create_database(pg.url, "blips")
+                )
+                report = run_blips(
+                    run / "chaos", store_url=url, store=store, nodes=nodes.nodes,
+                    jobs=jobs, blips=cuts, seed=seed,
+                )  # fmt: skip
+            finally:
+                nodes.stop()
+                kill_leftovers(run / "chaos" / "runs")
+            print(report.line(), flush=True)
+            clean = clean and report.clean
     finally:
         if pg is not None:
             pg.stop()

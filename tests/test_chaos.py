@@ -2,8 +2,9 @@
 
 Each run submits jobs that record every start on the nodes, kills the service (half of the
 kills aimed at a job being launched) and restarts it at once, then checks what the nodes saw:
-nothing lost, nothing run twice, no wrong final state, no GPU held with nothing running.
-``bench/chaos.py`` runs 200 jobs on both stores in both windows.
+nothing lost, nothing run twice, no wrong final state, no GPU held with nothing running. And
+the network to the nodes cut for less than the grace now and then: nothing killed or redone.
+``bench/chaos.py`` runs 200 jobs on both stores in both windows, and the blips at full size.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fixtures_blip import run_blips
 from _fixtures_chaos import run_chaos
 from _fixtures_failover import SimNodes, kill_leftovers
 
@@ -55,3 +57,25 @@ def test_kill_9_at_random_moments_loses_repeats_and_leaks_nothing(
     assert report.lost == [] and report.run_twice == [], report
     assert report.not_succeeded == {} and report.overlaps == [], report
     assert report.gpus_held == [], report
+
+
+def test_network_blips_shorter_than_the_grace_kill_redo_and_lose_nothing(
+    tmp_path: Path, nodes: SimNodes
+) -> None:
+    report = run_blips(
+        tmp_path / "chaos",
+        store_url=f"sqlite:///{tmp_path / 'blips.db'}",
+        store="sqlite",
+        nodes=nodes.nodes,
+        jobs=6,
+        blips=3,
+        seed=31,
+        grace_s=30.0,
+        blip_s=(1.0, 4.0),
+        runtime_s=(3.0, 6.0),
+        long_cut=False,
+    )
+    print(report.line())
+    assert report.blips == 3
+    assert report.lost == [] and report.run_twice == [] and report.killed == [], report
+    assert report.not_succeeded == {} and report.overlaps == [], report

@@ -53,7 +53,12 @@ def scheduler(configs: list[NodeConfig], db: Path, **kwargs: object) -> Schedule
         backoff_base_s=0.05,
         backoff_max_s=0.2,
     )
-    options: dict[str, object] = {"poll_interval_s": 0, "inventory_interval_s": 30.0}
+    # down as soon as unreachable: the grace has tests of its own (test_node_grace.py)
+    options: dict[str, object] = {
+        "poll_interval_s": 0,
+        "inventory_interval_s": 30.0,
+        "node_down_after_s": 0.0,
+    }
     return Scheduler(
         store=Store(f"sqlite:///{db}", clock=clock),
         backend=backend,

@@ -245,8 +245,19 @@ class Node(Body):
     """One node of the cluster map."""
 
     name: str
-    up: bool
-    error: str | None = Field(description="why the node is down")
+    up: bool = Field(description="whether the node answers now")
+    error: str | None = Field(description="why the node does not answer")
+    health: Literal["up", "suspect", "down"] = Field(
+        "up",
+        description="suspect: unreachable, within the grace (no new work, its jobs keep their "
+        "GPUs); down: unreachable past the grace (its jobs were requeued per their retries)",
+    )
+    unreachable_since: datetime | None = Field(
+        None, description="when the scheduler first found the node unreachable"
+    )
+    down_at: datetime | None = Field(
+        None, description="when an unreachable node is declared down (node_down_after_s)"
+    )
     cpus: float
     mem_gb: float
     gpus: list[Gpu]

@@ -21,6 +21,7 @@ from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     ConflictError,
     ForbiddenError,
+    GpuSchedError,
     InfeasibleError,
     TooManyError,
 )
@@ -42,6 +43,7 @@ from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.store import Store
 
+from .health import NodeHealth
 from .increments import QueuePositions
 from .placing import SOON
 from .submits import GroupCommit
@@ -62,6 +64,7 @@ class JobActions:
     clock: Clock
     policy: windows.PolicyConfig
     tracker: JobTracker
+    health: NodeHealth
     admins: frozenset[str]
     cancel_grace_s: float
     commands: dict[JobKind, Callable[[Job], Sequence[str]]]
@@ -320,7 +323,16 @@ class JobActions:
             handle = {**job.handle, "stopping": "cancel", "stop_reason": reason}
             job = self.store.update_job(job_id, handle=handle, event="stopping")
             if launched(job):
-                await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+                try:
+                    await self.tracker.kill(job, reason)
+                except GpuSchedError as exc:
+                    node = job.placement.node if job.placement else ""
+                    if not self.health.unreachable(node):
+                        raise
+                    # Recorded: the stop is sent again when the node answers (or the job is
+                    # dropped with the node once it is declared down).
+                    why = f"cancelling: {exc.message}; the job is stopped when its node answers"
+                    return self.store.update_job(job_id, reason=why, event=None)
                 job = await self.tracker.settle_stopped(job_id)
             else:
                 # Its launch has not returned: the launcher stops it once it does, or claims

@@ -173,7 +173,7 @@ class Launcher:
         with contextlib.suppress(ConflictError):
             job = self.store.update_job(job_id, handle={**job.handle, **launched}, event=None)
         with contextlib.suppress(GpuSchedError):
-            await self.backend.cancel(job, grace_s=self.tracker.cancel_grace_s)
+            await self.tracker.kill(job, str(job.handle.get("stop_reason") or "stopped"))
         if job.state is JobState.STARTING:
             await self.tracker.settle_stopped(job_id)
 

@@ -43,7 +43,7 @@ from jupyter_gpusched.store.writer import StoreWriter, usable_for
 from .actions import JobActions
 from .endhooks import EndHook, EndHooks
 from .events import EventHub
-from .health import NO_NODE, NodeWatch
+from .health import NO_NODE, NodeHealth, NodeWatch
 from .history import GpuHistory
 from .increments import PassMemo, QueuePositions
 from .launching import Launcher
@@ -90,6 +90,7 @@ class Scheduler(JobActions, Placing):
         commands: dict[JobKind, CommandBuilder] | None = None,
         gpu_history_samples: int = 2880,
         store_writer_process: bool = True,
+        node_down_after_s: float = 300.0,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -108,12 +109,17 @@ class Scheduler(JobActions, Placing):
         self._inventory: list[NodeInventory] = []
         self._inventory_at: float | None = None
         self._probing: asyncio.Task[list[NodeInventory]] | None = None  # a periodic probe
-        self._watch = NodeWatch(self._node_down)
+        # A cluster engine that declares nodes down itself (Slurm, after SlurmdTimeout) has
+        # waited its own grace already.
+        grace_s = 0.0 if getattr(backend, "declares_nodes_down", False) else node_down_after_s
+        self.health = NodeHealth(self._unreachable, clock, grace_s)
+        self._watch = NodeWatch(self.health.unreachable)
         self.tracker = JobTracker(
             store,
             backend,
             clock,
-            node_down=self._node_down,
+            node_down=self.health.down,
+            settled=self.health.placeable,
             on_ended=self._note_ended,
             poll_interval_s=poll_interval_s,
             cancel_grace_s=cancel_grace_s,
@@ -332,6 +338,8 @@ class Scheduler(JobActions, Placing):
             if upkeep:
                 self._upkeep_at = asyncio.get_running_loop().time()
                 await self._resume_launches()
+                for detail in self.health.declare_down(n.name for n in self._inventory):
+                    self.store.add_event("node", detail=detail)
                 await self.tracker.poll_active()
                 await self._refresh_inventory()  # a node its jobs were lost on shows down now
                 await self.tracker.reap_stale()
@@ -352,10 +360,12 @@ class Scheduler(JobActions, Placing):
             if launched(job):
                 continue
             node = job.placement.node if job.placement else ""
-            if self._node_down(node):
+            if self.health.down(node):
                 # It cannot be confirmed; its attempt is claimed when the node is back.
                 self.tracker.lose(job, f"node {node} went down while the job was starting")
                 continue
+            if self.health.unreachable(node):
+                continue  # suspect: settled when it answers, or lost once it is down
             await self.launcher.resume(job)
 
     def _cancel_cut_arrays(self) -> None:
@@ -401,12 +411,13 @@ class Scheduler(JobActions, Placing):
         self._watch.say(self._inventory)
         self.gpu_history.record(self._inventory, holding, self.clock.now())
         for node in self._inventory:
-            if before.get(node.name) is False and node.up:
+            if node.up and self.health.was_down(node.name):
                 await self.tracker.reconcile_node(node.name)
-            if before.get(node.name, True) != node.up:
-                self.store.add_event(
-                    "node", detail={"node": node.name, "up": node.up, "error": node.error}
-                )
+                self.health.reconciled(node.name)
+            if before.get(node.name, True) != node.up:  # suspect now (its jobs say so), or back
+                self.store.add_event("node", detail=self.health.detail(node))
+                since, down_at = self.health.since(node.name), self.health.down_at(node.name)
+                await self.tracker.mark_reachability(node.name, since, down_at)
 
     async def refresh_inventory(self) -> list[NodeInventory]:
         """Probe every node now (the API's on-demand refresh)."""
@@ -415,7 +426,7 @@ class Scheduler(JobActions, Placing):
         await self.notify()
         return self._inventory
 
-    def _node_down(self, name: str) -> bool:
+    def _unreachable(self, name: str) -> bool:
         node_down = getattr(self.backend, "node_down", None)
         if node_down is not None:
             return bool(node_down(name))
@@ -446,7 +457,12 @@ class Scheduler(JobActions, Placing):
         """The packer's state: the nodes with ``active_jobs`` (default: read them) placed."""
         if active_jobs is None:
             active_jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
-        state = build_state(self._empty_state(), self._inventory, active_jobs, self._node_down)
+        state = build_state(
+            self._empty_state(),
+            self._inventory,
+            active_jobs,
+            lambda name: not self.health.placeable(name),
+        )
         return state, dict(state.index)
 
     # ------------------------------------------------------------------ views and events
@@ -463,6 +479,7 @@ class Scheduler(JobActions, Placing):
             queued=queued,
             window=windows.resolve_window(self.policy, now),
             now=now,
+            unreachable=self.health.unreachable_view(n.name for n in self._inventory),
         )
 
     def cluster_view(self) -> api.Cluster:

@@ -2,8 +2,9 @@
 
 The scheduler decides; the tracker records. A poll's answer (running, ended, lost) moves a
 job through the state machine; stops (cancel, preemption, moves, limits) settle here with
-the reason they were given; a node that comes back is reconciled (lost jobs found again,
-stale copies of requeued ones stopped).
+the reason they were given, and every signal sent to a job is an event on it (``kill``); a
+node that comes back is reconciled: lost jobs found again, an earlier attempt of a requeued
+job still running there re-adopted while its retry has not started, else stopped.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, JobStatus
 from jupyter_gpusched.core.clock import Clock
-from jupyter_gpusched.core.errors import ConflictError, GpuSchedError
+from jupyter_gpusched.core.errors import BackendError, ConflictError, GpuSchedError
 from jupyter_gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, Placement
 from jupyter_gpusched.store.store import Store
 
@@ -30,6 +32,7 @@ class JobTracker:
         clock: Clock,
         *,
         node_down: Callable[[str], bool],
+        settled: Callable[[str], bool],
         on_ended: Callable[[int], None],
         poll_interval_s: float,
         cancel_grace_s: float,
@@ -37,7 +40,8 @@ class JobTracker:
         self.store = store
         self.backend = backend
         self.clock = clock
-        self.node_down = node_down
+        self.node_down = node_down  # past the grace: its jobs are lost
+        self.settled = settled  # answering, and reconciled if it was down
         self.on_ended = on_ended  # told of every job that reached a terminal state
         self.poll_interval_s = poll_interval_s
         self.cancel_grace_s = cancel_grace_s
@@ -129,17 +133,27 @@ class JobTracker:
             self.move(job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason)
 
     def lose(self, job: Job, detail: str) -> None:
-        """Mark a job lost; requeue it while it has retries left."""
+        """Mark a job lost; requeue it while it has retries left (and no one stopped it)."""
+        if job.handle.get("stopping") in ("cancel", "idle"):
+            # Its stop could not reach the node: stopped when the node is back, never rerun.
+            detail = f"{job.handle.get('stop_reason')}; {detail}: stopped if the node comes back"
         job = self.move(job.id, JobState.LOST, reason=detail)
-        if job.attempt < job.spec.retries:
+        if job.attempt < job.spec.retries and not job.handle.get("stopping"):
             self.requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
 
     def requeue(self, job: Job, reason: str) -> None:
-        """Queue a job again, keeping its earlier attempts' handles to reap stale copies."""
-        previous = [
-            *job.handle.get("previous", []),
-            {k: v for k, v in job.handle.items() if k != "previous"},
-        ]
+        """Queue a job again, keeping its earlier attempts' handles to reap stale copies.
+
+        With each handle go the attempt's number, placement and start, so an attempt found
+        still running when its node is back can be re-adopted where it runs.
+        """
+        attempt = {k: v for k, v in job.handle.items() if k != "previous"}
+        attempt.setdefault("attempt", job.attempt)
+        if job.placement is not None:
+            attempt["placement"] = job.placement.model_dump(mode="json")
+        if job.started_at is not None:
+            attempt["started_at"] = job.started_at.isoformat()
+        previous = [*job.handle.get("previous", []), attempt]
         self.move(
             job.id,
             JobState.QUEUED,
@@ -151,17 +165,91 @@ class JobTracker:
             exit_code=None,
         )
 
+    async def mark_reachability(
+        self, node: str, since: datetime | None, down_at: datetime | None
+    ) -> None:
+        """Tell the node's jobs it stopped answering (and when they are requeued), or is back."""
+        jobs, _ = self.store.list_jobs(states=list(ACTIVE_STATES), node=node, limit=None)
+        for job in jobs:
+            if since is not None and down_at is not None:
+                reason = (
+                    f"node {node} unreachable since {since:%Y-%m-%d %H:%M:%S} UTC; the job keeps "
+                    f"its GPUs and is requeued if the node is not back by {down_at:%H:%M:%S} UTC"
+                )
+                event = "unreachable"
+            elif job.handle.get("stopping"):  # a stop it missed while the node was away
+                with contextlib.suppress(GpuSchedError):
+                    await self.kill(job, str(job.handle.get("stop_reason")))
+                continue
+            elif job.reason and job.reason.startswith(f"node {node} unreachable"):
+                reason, event = None, "reachable"
+            else:
+                continue
+            with contextlib.suppress(ConflictError):
+                self.store.update_job(job.id, reason=reason, event=event)
+
     async def reconcile_node(self, name: str) -> None:
-        """A node came back: settle its lost jobs and stop stale copies of requeued ones."""
+        """A node was down and is back: settle its lost jobs, re-adopt what still runs there."""
         lost, _ = self.store.list_jobs(states=[JobState.LOST], node=name, limit=100_000)
         for job in lost:
             status = await self.safe_poll(job)
             if status.lost:
                 continue
             if status.running:
-                self.move(job.id, JobState.RUNNING, reason="node is back")
+                job = self.move(job.id, JobState.RUNNING, reason="node is back")
+                if job.handle.get("stopping"):
+                    with contextlib.suppress(GpuSchedError):
+                        await self.kill(job, str(job.handle.get("stop_reason")))
             else:
                 self.finish(job, status)
+        for job in self.store.jobs_with_earlier_attempts([JobState.QUEUED]):
+            with contextlib.suppress(ConflictError):
+                await self._readopt(job, name)
+
+    async def _readopt(self, job: Job, node: str) -> None:
+        """Take back a requeued job's last attempt if it still runs (or ended) on ``node``.
+
+        Its retry has not started (the job is queued), so the attempt that kept running
+        through the node's absence is the job again: nothing is killed, no work redone. An
+        attempt that ended meanwhile gives the job its end.
+        """
+        *earlier, last = job.handle.get("previous", [])
+        placement = last.get("placement")
+        if last.get("node") != node or last.get("reaped") or placement is None:
+            return
+        if last.get("pid") is None:
+            return  # its launch never returned; reap_stale claims it so it never starts
+        attempt = job.model_copy(
+            update={
+                "handle": last,
+                "placement": Placement.model_validate(placement),
+                "attempt": int(last.get("attempt", job.attempt - 1)),
+            }
+        )
+        status = await self.safe_poll(attempt)
+        if status.lost:
+            return  # gone without a trace: the retry stands, and reap_stale has nothing to do
+        handle = {**{k: v for k, v in last.items() if k not in ("placement", "started_at")}}
+        if earlier:
+            handle["previous"] = earlier
+        started = last.get("started_at")
+        self.move(
+            job.id,
+            JobState.STARTING,
+            expect=JobState.QUEUED,
+            reason=f"re-adopted: node {node} is back and attempt {attempt.attempt} still ran there",
+            placement=attempt.placement,
+            handle=handle,
+            attempt=attempt.attempt,
+        )
+        job = self.move(
+            job.id,
+            JobState.RUNNING,
+            expect=JobState.STARTING,
+            started_at=datetime.fromisoformat(started) if started else None,
+        )
+        if not status.running:
+            self.finish(job, status)
 
     async def reap_stale(self) -> None:
         """Stop earlier attempts of requeued jobs still running on nodes that came back.
@@ -178,8 +266,8 @@ class JobTracker:
             ]
             changed = False
             for old in stale:
-                if self.node_down(old["node"]):
-                    continue
+                if not self.settled(old["node"]):
+                    continue  # away, or back and not reconciled yet (it may be re-adopted)
                 try:
                     await self._reap(job, old)
                 except GpuSchedError:
@@ -200,9 +288,31 @@ class JobTracker:
             if found is None:
                 return  # never started, and now never will
             old.update(found.handle)
-        await self.backend.cancel(
-            job.model_copy(update={"handle": old}), grace_s=self.cancel_grace_s
+        earlier = job.model_copy(
+            update={"handle": old, "attempt": int(old.get("attempt", job.attempt))}
         )
+        status = await self.safe_poll(earlier)
+        if status.lost and not status.gone:
+            raise BackendError(status.detail or f"node {old['node']} cannot tell")  # next tick
+        if not status.running:
+            return  # ended by itself while its node was away: nothing to stop
+        await self.kill(
+            earlier,
+            f"an earlier attempt ({old.get('attempt', '?')}) still ran on node {old['node']} "
+            f"when it came back, and the job runs again as attempt {job.attempt}",
+        )
+
+    async def kill(self, job: Job, why: str) -> None:
+        """Signal a job's processes (TERM, then KILL after the grace), writing a ``kill`` event.
+
+        Every stop the scheduler makes passes here, so a job's events say what was killed,
+        where and why, whether the job then ends, requeues or was an earlier attempt's copy.
+        """
+        node = str(job.handle.get("node") or (job.placement.node if job.placement else ""))
+        detail = {"node": node, "attempt": job.attempt, "why": why}
+        with contextlib.suppress(GpuSchedError):
+            self.store.add_event("kill", job_id=job.id, detail=detail)
+        await self.backend.cancel(job, grace_s=self.cancel_grace_s)
 
     async def stop(self, job: Job, why: str, reason: str) -> None:
         """Stop a running job (TERM, then KILL after the grace), recording why first."""
@@ -212,7 +322,7 @@ class JobTracker:
         except ConflictError:
             return  # it changed meanwhile (ended, cancelled): the next pass looks again
         with contextlib.suppress(GpuSchedError):
-            await self.backend.cancel(job, grace_s=self.cancel_grace_s)
+            await self.kill(job, reason)
         await self.settle_stopped(job.id)
 
     async def settle_stopped(self, job_id: int) -> Job:

@@ -6,7 +6,7 @@ reaches every client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from jupyter_gpusched.cluster.base import GpuInfo, NodeInventory
@@ -25,6 +25,8 @@ class ClusterSnapshot:
     queued: int
     window: windows.ActiveWindow
     now: datetime
+    # unreachable nodes: name -> (suspect or down, unreachable since, declared down at)
+    unreachable: dict[str, tuple[str, datetime, datetime]] = field(default_factory=dict)
 
 
 def cluster_view(snap: ClusterSnapshot) -> api.Cluster:
@@ -39,6 +41,7 @@ def cluster_view(snap: ClusterSnapshot) -> api.Cluster:
             name=node.name,
             up=node.up,
             error=node.error,
+            **_health(snap, node.name),
             cpus=node.cpus,
             mem_gb=node.mem_gb,
             gpus=[
@@ -65,6 +68,13 @@ def cluster_view(snap: ClusterSnapshot) -> api.Cluster:
         queue=api.QueueCounts(queued=snap.queued, running=len(snap.jobs)),
         at=snap.now,
     )
+
+
+def _health(snap: ClusterSnapshot, name: str) -> dict[str, object]:
+    if name not in snap.unreachable:
+        return {}
+    health, since, down_at = snap.unreachable[name]
+    return {"health": health, "unreachable_since": since, "down_at": down_at}
 
 
 def _gpu_view(node: NodeInventory, gpu: GpuInfo, jobs: list[Job]) -> api.Gpu:
@@ -95,9 +105,9 @@ def _gpu_view(node: NodeInventory, gpu: GpuInfo, jobs: list[Job]) -> api.Gpu:
 
 
 def _gpu_state(node: NodeInventory, has_foreign: bool, jobs: list[Job]) -> api.GpuState:
-    if not node.up:
-        return "down"
-    if jobs:
+    if jobs:  # on a suspect node too: the job keeps its GPUs until the node is down
         interactive = any(j.spec.priority_class is PriorityClass.INTERACTIVE for j in jobs)
         return "interactive" if interactive else "batch"
+    if not node.up:
+        return "down"
     return "foreign" if has_foreign else "free"

@@ -161,6 +161,17 @@ class GpuSchedApp(ExtensionApp):
         help="Seconds between probes of the nodes' GPUs (memory, processes, utilization): "
         "also the spacing of the GPU history's samples.",
     ).tag(config=True)
+    node_down_after_s = Float(
+        300.0,
+        min=0.0,
+        help="""Seconds a node may stay unreachable before it is declared down and its jobs are
+        requeued per their retries (Slurm's SlurmdTimeout, 300 s by default, is the
+        precedent). Until then the node is suspect: it takes no new work and its jobs keep
+        their GPUs, so a network blip kills nothing; a node back within it has its jobs go
+        on, and one back later has attempts that still ran there re-adopted while their
+        retry has not started. 0: down as soon as unreachable. Backends whose cluster engine
+        declares nodes down itself (Slurm) add no grace of their own.""",
+    ).tag(config=True)
     gpu_history_samples = Int(
         2880,
         min=2,

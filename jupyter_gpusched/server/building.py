@@ -81,6 +81,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
         tick_interval_s=app.tick_interval_s,
         poll_interval_s=app.poll_interval_s,
         inventory_interval_s=app.inventory_interval_s,
+        node_down_after_s=app.node_down_after_s,
         leader_ttl_s=app.leader_ttl_s,
         admins=frozenset(app.admin_users),
         gpu_history_samples=app.gpu_history_samples,

@@ -5,6 +5,7 @@
  */
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
 import {
+  clockLabel,
   etaLabel,
   gpusLabel as formatGpus,
   memoryLabel,
@@ -40,9 +41,12 @@ export interface INodeRow {
   cells: IGpuCell[];
 }
 
-/** The state a cell is drawn in: a GPU of a down node is down whatever it last reported. */
+/**
+ * The state a cell is drawn in: a GPU of a node that does not answer is down whatever it last
+ * reported, unless a job still holds it (a suspect node's jobs keep their GPUs).
+ */
 export function gpuState(gpu: IGpu, nodeUp: boolean): GpuState {
-  if (!nodeUp) {
+  if (!nodeUp && !(gpu.jobs ?? []).length) {
     return 'down';
   }
   return isGpuState(gpu.state) ? gpu.state : 'foreign';
@@ -87,6 +91,7 @@ export function gpuCell(node: Pick<INode, 'name' | 'up'>, gpu: IGpu): IGpuCell {
 
 /** The map's rows, one per node, in the server's order. */
 export function nodeRows(cluster: ICluster): INodeRow[] {
+  const nowMs = Date.parse(cluster.at);
   return cluster.nodes.map(node => {
     const cells = node.gpus.map(gpu => gpuCell(node, gpu));
     const free = cells.filter(c => c.state === 'free').length;
@@ -94,11 +99,23 @@ export function nodeRows(cluster: ICluster): INodeRow[] {
     return {
       name: node.name,
       up: node.up,
-      summary: node.up ? `${free}/${cells.length} free · ${model}` : 'down',
+      summary: node.up ? `${free}/${cells.length} free · ${model}` : healthLabel(node, nowMs),
       error: node.error,
       cells
     };
   });
+}
+
+/** Why a node that does not answer is drawn so: suspect (jobs kept until when) or down. */
+export function healthLabel(
+  node: Pick<INode, 'health' | 'unreachable_since' | 'down_at'>,
+  nowMs: number
+): string {
+  if (node.health === 'suspect' && node.unreachable_since && node.down_at) {
+    const since = clockLabel(node.unreachable_since, nowMs);
+    return `unreachable since ${since} · jobs kept until ${clockLabel(node.down_at, nowMs)}`;
+  }
+  return 'down';
 }
 
 /** Seconds a job has run (until it finished, or until `nowMs`); null if it never started. */

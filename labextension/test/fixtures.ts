@@ -24,7 +24,8 @@ export function cluster(nodes: INode[]): ICluster {
     nodes,
     metrics: { gpus_total: 8, gpus_free: 8 },
     window: { name: 'day', until: '2026-11-23T20:00:00+00:00', next_window: 'night' },
-    queue: { queued: 0, running: 0 }
+    queue: { queued: 0, running: 0 },
+    at: '2026-11-23T10:00:00Z'
   };
 }
 

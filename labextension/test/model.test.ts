@@ -98,6 +98,22 @@ describe('nodeRows', () => {
     ]);
     expect(rows[1].cells.map(c => c.state)).toEqual(['down']);
   });
+
+  it('shows a suspect node with the GPUs its jobs keep and until when', () => {
+    const held = { id: 7, user: 'ann', kind: 'script', priority_class: 'batch', share: 1 };
+    const rows = nodeRows(
+      cluster([
+        node('t4-0', [gpu(0, { state: 'batch', jobs: [held] }), gpu(1, { state: 'down' })], {
+          up: false,
+          health: 'suspect',
+          unreachable_since: '2026-11-23T10:00:00Z',
+          down_at: '2026-11-23T10:05:00Z'
+        })
+      ])
+    );
+    expect(rows[0].summary).toBe('unreachable since 10:00 · jobs kept until 10:05');
+    expect(rows[0].cells.map(c => c.state)).toEqual(['batch', 'down']);
+  });
 });
 
 describe('queue rows', () => {

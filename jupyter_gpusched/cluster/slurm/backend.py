@@ -279,6 +279,9 @@ class SlurmBackend(NodeSide, LoggingConfigurable):
                 return self.gpu_models[feature]
         return "gpu"
 
+    #: Slurm declares a node down itself, after its own SlurmdTimeout: no second grace.
+    declares_nodes_down = True
+
     def node_down(self, name: str) -> bool:
         """True while Slurm reports the node down, failed or not responding."""
         node = self._nodes.get(name)

@@ -1,0 +1,244 @@
+"""Network blips between the service and its nodes while jobs run: nothing may be redone.
+
+Used by ``tests/test_chaos.py`` (CI-sized) and ``bench/chaos.py``. The nodes run in a process
+of their own and the service reaches each through a loopback forwarder whose line is cut now
+and then (every SSH connection resets, new ones are refused; the nodes and their jobs run on).
+Blips last less than the service's grace (``node_down_after_s``): no job may be killed, run
+twice, lost or end other than succeeded. Each job writes a line when it starts and when it
+ends (:data:`_fixtures_failover.JOB_CODE`), so a second run shows in what the nodes saw.
+
+One *long* cut, past the grace, shows the other side: the cut node's jobs are requeued; when
+the line returns, an attempt still running there is re-adopted if its retry has not started,
+else stopped with a ``kill`` event. The report counts which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from _fixtures_chaos import ENDED
+from _fixtures_failover import audit, job_spec
+from _fixtures_proxy import CuttableProxy
+from _fixtures_service import ServiceProcess
+from sqlalchemy import create_engine, text
+
+T = TypeVar("T")
+
+
+class Lines:
+    """A :class:`CuttableProxy` in front of each node, served by a loop in a thread of its own."""
+
+    def __init__(self, nodes: list[dict[str, Any]], folder: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.proxies: dict[str, CuttableProxy] = {}
+        self.nodes: list[dict[str, Any]] = []
+        known = folder / "known_hosts"
+        lines = []
+        for node in nodes:
+            proxy = CuttableProxy(node["host"], node["port"])
+            self._call(proxy.start())
+            self.proxies[node["name"]] = proxy
+            self.nodes.append({**node, "port": proxy.port, "known_hosts": str(known)})
+            # the node's host key, listed under the port the service now dials
+            original = Path(node["known_hosts"]).read_text()
+            prefix = f"[127.0.0.1]:{node['port']} "
+            for line in original.splitlines():
+                if line.startswith(prefix):
+                    lines.append(f"[127.0.0.1]:{proxy.port} {line.removeprefix(prefix)}")
+        known.write_text("\n".join(lines) + "\n")
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def cut(self, name: str) -> None:
+        """The line to ``name`` goes."""
+        self._call(self.proxies[name].cut())
+
+    def restore(self, name: str) -> None:
+        """The line to ``name`` is back."""
+        self._call(self.proxies[name].restore())
+
+    def close(self) -> None:
+        """Cut every line for good and stop the thread."""
+        for proxy in self.proxies.values():
+            self._call(proxy.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class BlipReport:
+    """What one run saw."""
+
+    store: str
+    jobs: int
+    blips: int = 0
+    blip_s: list[float] = field(default_factory=list)
+    not_succeeded: dict[int, str] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)  # ended lost, or never ran
+    run_twice: list[int] = field(default_factory=list)  # work redone
+    killed: list[int] = field(default_factory=list)  # jobs with a `kill` event
+    overlaps: list[str] = field(default_factory=list)
+    long_cut_jobs: int = 0  # jobs running on the node cut past the grace
+    readopted: int = 0
+    stopped_copies: int = 0
+    elapsed_s: float = 0.0
+    details: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Blips within the grace redid, killed and lost nothing."""
+        return not (
+            self.not_succeeded or self.lost or self.run_twice or self.killed or self.overlaps
+        )
+
+    def line(self) -> str:
+        """One row of the bench's table."""
+        cuts = sorted(self.blip_s) or [0.0]
+        return (
+            f"| {self.store} | {self.jobs} | {self.blips} ({cuts[0]:.1f}-{cuts[-1]:.1f} s) | "
+            f"{len(self.lost)} | {len(self.run_twice)} | {len(self.killed)} | "
+            f"{len(self.not_succeeded)} | {len(self.overlaps)} | {self.long_cut_jobs}: "
+            f"{self.readopted} re-adopted, {self.stopped_copies} stopped | "
+            f"{self.elapsed_s:.0f} s |"
+        )
+
+
+def _events(engine: Any, kind: str) -> list[tuple[int, str]]:
+    query = text("SELECT job_id, detail FROM events WHERE kind = :k AND job_id IS NOT NULL")
+    with engine.connect() as conn:
+        return [(int(j), str(d)) for j, d in conn.execute(query, {"k": kind})]
+
+
+def _reasons(engine: Any, needle: str) -> set[int]:
+    query = text("SELECT job_id, detail FROM events WHERE kind = 'state'")
+    with engine.connect() as conn:
+        return {int(j) for j, d in conn.execute(query) if needle in str(d)}
+
+
+def _ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dict[int, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = service.api("GET", "jobs?limit=1000", token=service.admin_token)["jobs"]
+        found = {j["id"]: j for j in listed}
+        if all(found[i]["state"] in ENDED for i in ids):
+            return found
+        if time.monotonic() > deadline:
+            stuck = {i: found[i]["state"] for i in ids if found[i]["state"] not in ENDED}
+            raise AssertionError(f"jobs did not end within {timeout_s:.0f} s: {stuck}")
+        time.sleep(0.5)
+
+
+def run_blips(
+    root: Path,
+    *,
+    store_url: str,
+    store: str,
+    nodes: list[dict[str, Any]],
+    jobs: int,
+    blips: int,
+    seed: int,
+    grace_s: float = 20.0,
+    blip_s: tuple[float, float] = (1.0, 6.0),
+    runtime_s: tuple[float, float] = (3.0, 8.0),
+    long_cut: bool = True,
+    timeout_s: float = 600.0,
+) -> BlipReport:
+    """Run ``jobs`` through ``blips`` cuts of a node's line shorter than the grace; audit."""
+    runs = root / "runs"
+    runs.mkdir(parents=True)
+    rng = random.Random(seed)
+    report = BlipReport(store=store, jobs=jobs)
+    lines = Lines(nodes, root)
+    service = ServiceProcess(
+        root / "service",
+        store_url=store_url,
+        nodes=lines.nodes,
+        tick_interval_s=0.1,
+        poll_interval_s=0.2,
+        inventory_interval_s=2.0,
+        node_down_after_s=grace_s,
+    )
+    engine = create_engine(store_url)
+    began = time.monotonic()
+    try:
+        service.start()
+        token = service.admin_token
+        ids = []
+        for _ in range(jobs):
+            spec = job_spec(runs, rng.uniform(*runtime_s), rng.choice((1, 1, 2)))
+            ids.append(service.api("POST", "jobs", {**spec, "retries": 1}, token=token)["id"])
+        names = list(lines.proxies)
+        for _ in range(blips):
+            time.sleep(rng.uniform(0.5, 2.0))
+            name, cut_s = rng.choice(names), rng.uniform(*blip_s)
+            lines.cut(name)
+            time.sleep(cut_s)
+            lines.restore(name)
+            report.blips += 1
+            report.blip_s.append(cut_s)
+        found = _ended(service, ids, timeout_s)
+        report.elapsed_s = time.monotonic() - began
+        seen = audit(runs)
+        for i in ids:
+            if found[i]["state"] != "succeeded":
+                report.not_succeeded[i] = f"{found[i]['state']}: {found[i].get('reason')}"
+            if found[i]["state"] == "lost" or i not in seen.starts:
+                report.lost.append(i)
+        report.run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
+        report.killed = sorted({j for j, _ in _events(engine, "kill")})
+        report.overlaps = seen.overlaps
+        if long_cut:
+            _long_cut(service, lines, runs, rng, grace_s, report, engine)
+        return report
+    finally:
+        service.stop()
+        engine.dispose()
+        lines.close()
+
+
+def _long_cut(
+    service: ServiceProcess,
+    lines: Lines,
+    runs: Path,
+    rng: random.Random,
+    grace_s: float,
+    report: BlipReport,
+    engine: Any,
+) -> None:
+    """Cut one busy node's line past the grace; count re-adopted and stopped attempts."""
+    token = service.admin_token
+    long_s = grace_s * 3 + 10  # runs through the cut, the grace and the return
+    ids = [
+        service.api("POST", "jobs", {**job_spec(runs, long_s, 1), "retries": 1}, token=token)["id"]
+        for _ in range(4)
+    ]
+    deadline = time.monotonic() + 120
+    while True:
+        listed = service.api("GET", "jobs?state=running&limit=1000", token=token)["jobs"]
+        running = {j["id"]: j for j in listed if j["id"] in ids}
+        if len(running) == len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    by_node: dict[str, list[int]] = {}
+    for job in running.values():
+        by_node.setdefault(job["placement"]["node"], []).append(job["id"])
+    node = max(by_node, key=lambda n: len(by_node[n]))
+    report.long_cut_jobs = len(by_node[node])
+    lines.cut(node)
+    time.sleep(grace_s + 5 + rng.uniform(0, 2))
+    lines.restore(node)
+    _ended(service, ids, long_s * 3 + 120)
+    cut = set(by_node[node])
+    report.readopted = len(cut & _reasons(engine, "re-adopted"))
+    report.stopped_copies = len({j for j, d in _events(engine, "kill") if j in cut})
