@@ -9,10 +9,12 @@ states, GPUs held at the end with nothing running, GPU overlaps, and the time fr
 the API answering (median / max).
 
 ``--blips N`` runs the network side instead: each node reached through a loopback forwarder
-whose line is cut N times for 1-6 s (less than the service's 20 s ``node_down_after_s``)
-while 60 jobs of 3-8 s run with ``retries=1``, on both stores; then one busy node cut past the
-grace. Prints jobs lost, run twice (work redone), killed, wrong final states, GPU overlaps,
-and what became of the long cut's jobs (re-adopted, or stopped because their retry ran).
+whose line is cut N times for 4-12 s, a node with running jobs each time (less than the
+service's 20 s ``node_down_after_s``, more than the few seconds it takes to count a node
+unreachable), while 60 jobs of 10-30 s run with ``retries=1``, on both stores; then one
+busy node cut past the grace. Prints jobs lost, run twice (work redone), killed, wrong final
+states, GPU overlaps, and what became of the long cut's jobs (re-adopted, or stopped because
+their retry ran).
 
 Run: ``.venv/bin/python bench/chaos.py [--jobs 200] [--kills 8] [--seed 1] [--only sqlite-day]``
 or ``.venv/bin/python bench/chaos.py --blips 20 [--jobs 60]``

@@ -3,9 +3,11 @@
 Used by ``tests/test_chaos.py`` (CI-sized) and ``bench/chaos.py``. The nodes run in a process
 of their own and the service reaches each through a loopback forwarder whose line is cut now
 and then (every SSH connection resets, new ones are refused; the nodes and their jobs run on).
-Blips last less than the service's grace (``node_down_after_s``): no job may be killed, run
-twice, lost or end other than succeeded. Each job writes a line when it starts and when it
-ends (:data:`_fixtures_failover.JOB_CODE`), so a second run shows in what the nodes saw.
+Blips last less than the service's grace (``node_down_after_s``) but long enough for the
+service to count the node unreachable (3 failed connects, a few seconds): no job may be
+killed, run twice, lost or end other than succeeded. Each job writes a line when it starts
+and when it ends (:data:`_fixtures_failover.JOB_CODE`), so a second run shows in what the
+nodes saw.
 
 One *long* cut, past the grace, shows the other side: the cut node's jobs are requeued; when
 the line returns, an attempt still running there is re-adopted if its retry has not started,
@@ -126,6 +128,13 @@ def _reasons(engine: Any, needle: str) -> set[int]:
         return {int(j) for j, d in conn.execute(query) if needle in str(d)}
 
 
+def _busy_node(service: ServiceProcess, rng: random.Random) -> str | None:
+    """A node where a job runs now (a cut there has work to lose), if any."""
+    listed = service.api("GET", "jobs?state=running&limit=1000", token=service.admin_token)
+    busy = sorted({j["placement"]["node"] for j in listed["jobs"] if j.get("placement")})
+    return rng.choice(busy) if busy else None
+
+
 def _ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dict[int, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -149,8 +158,8 @@ def run_blips(
     blips: int,
     seed: int,
     grace_s: float = 20.0,
-    blip_s: tuple[float, float] = (1.0, 6.0),
-    runtime_s: tuple[float, float] = (3.0, 8.0),
+    blip_s: tuple[float, float] = (4.0, 12.0),
+    runtime_s: tuple[float, float] = (10.0, 30.0),
     long_cut: bool = True,
     timeout_s: float = 600.0,
 ) -> BlipReport:
@@ -178,10 +187,12 @@ def run_blips(
         for _ in range(jobs):
             spec = job_spec(runs, rng.uniform(*runtime_s), rng.choice((1, 1, 2)))
             ids.append(service.api("POST", "jobs", {**spec, "retries": 1}, token=token)["id"])
-        names = list(lines.proxies)
         for _ in range(blips):
             time.sleep(rng.uniform(0.5, 2.0))
-            name, cut_s = rng.choice(names), rng.uniform(*blip_s)
+            name, cut_s = (
+                _busy_node(service, rng) or rng.choice(list(lines.proxies)),
+                rng.uniform(*blip_s),
+            )
             lines.cut(name)
             time.sleep(cut_s)
             lines.restore(name)
