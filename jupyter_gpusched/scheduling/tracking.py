@@ -134,21 +134,25 @@ class JobTracker:
 
     def lose(self, job: Job, detail: str) -> None:
         """Mark a job lost; requeue it while it has retries left (and no one stopped it)."""
-        if job.handle.get("stopping") in ("cancel", "idle"):
-            # Its stop could not reach the node: stopped when the node is back, never rerun.
+        ending = job.handle.get("stopping") in ("cancel", "idle")
+        if ending:  # its stop could not reach the node: stopped when it is back, never rerun
             detail = f"{job.handle.get('stop_reason')}; {detail}: stopped if the node comes back"
         job = self.move(job.id, JobState.LOST, reason=detail)
-        if job.attempt < job.spec.retries and not job.handle.get("stopping"):
-            self.requeue(job, f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}")
+        if job.attempt < job.spec.retries and not ending:
+            retry = f"lost ({detail}); retry {job.attempt + 1} of {job.spec.retries}"
+            self.requeue(job, retry, lost=True)
 
-    def requeue(self, job: Job, reason: str) -> None:
+    def requeue(self, job: Job, reason: str, *, lost: bool = False) -> None:
         """Queue a job again, keeping its earlier attempts' handles to reap stale copies.
 
-        With each handle go the attempt's number, placement and start, so an attempt found
-        still running when its node is back can be re-adopted where it runs.
+        With each handle go the attempt's number, placement and start, and whether it was
+        lost with its node (not stopped by us), so an attempt found still running when its
+        node is back can be re-adopted where it runs.
         """
         attempt = {k: v for k, v in job.handle.items() if k != "previous"}
         attempt.setdefault("attempt", job.attempt)
+        if lost:
+            attempt["lost"] = True
         if job.placement is not None:
             attempt["placement"] = job.placement.model_dump(mode="json")
         if job.started_at is not None:
@@ -215,7 +219,9 @@ class JobTracker:
         """
         *earlier, last = job.handle.get("previous", [])
         placement = last.get("placement")
-        if last.get("node") != node or last.get("reaped") or placement is None:
+        if last.get("node") != node or last.get("reaped") or not last.get("lost"):
+            return  # not lost with this node (a preemption stopped it): nothing to take back
+        if placement is None:
             return
         if last.get("pid") is None:
             return  # its launch never returned; reap_stale claims it so it never starts
@@ -229,7 +235,7 @@ class JobTracker:
         status = await self.safe_poll(attempt)
         if status.lost:
             return  # gone without a trace: the retry stands, and reap_stale has nothing to do
-        handle = {**{k: v for k, v in last.items() if k not in ("placement", "started_at")}}
+        handle = {k: v for k, v in last.items() if k not in ("placement", "started_at", "lost")}
         if earlier:
             handle["previous"] = earlier
         started = last.get("started_at")
