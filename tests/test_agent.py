@@ -348,6 +348,42 @@ def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
     assert closed.returncode == 0 and still["running"]
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: PID 1 here leaves exited children unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def test_a_follower_whose_parent_goes_stops_though_its_stdin_stays_open(
+    node: dict[str, Any],
+) -> None:
+    job = launch_sh(node, "j10", "echo started; sleep 60")
+    argv = [*AGENT, "log", "--file", job["log"], "--follow", "--job-dir", job["job_dir"]]
+    argv += ["--pid", str(job["pid"])]
+    read_end, write_end = os.pipe()  # the follower's stdin: this test holds it open
+    try:
+        # sh starts the follower on the pipe and is killed: the session that ran it is gone
+        with subprocess.Popen(
+            ["sh", "-c", 'exec 3<&0; "$@" <&3 & echo $!; exec sleep 60', "sh", *argv],
+            env=node["env"],
+            stdin=read_end,
+            stdout=subprocess.PIPE,
+        ) as parent:
+            assert parent.stdout is not None
+            follower = int(parent.stdout.readline())
+            assert parent.stdout.readline() == b"started\n"  # the follower is following
+            parent.kill()
+        wait_for(lambda: not _alive(follower), timeout_s=30, what="the orphaned follower to end")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        agent(node["env"], "kill", "--pgid", str(job["pgid"]), "--grace", "1")
+
+
 def test_errors_come_back_as_json(node: dict[str, Any]) -> None:
     answer = agent(
         node["env"],

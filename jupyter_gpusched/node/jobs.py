@@ -349,10 +349,13 @@ def log(
     """Write log bytes; with ``follow`` keep writing new ones until the job ends.
 
     A follower stops when its stdin reaches EOF: closing the SSH channel does not kill the
-    remote command under OpenSSH, but it does close the command's stdin.
+    remote command under OpenSSH, but it does close the command's stdin. It also stops when
+    its parent (the SSH session, ``sudo``) goes without closing that stdin: a quiet job's
+    follower would otherwise never write, so never meet the closed pipe that ends it.
     """
     import select
 
+    parent = os.getppid()
     path = os.path.expanduser(path)
     out = sys.stdout.buffer
     offset = _copy_from(path, offset, None if follow else limit, out)
@@ -371,4 +374,6 @@ def log(
             return
         readable, _, _ = select.select([sys.stdin], [], [], 0.2)
         if readable and not os.read(sys.stdin.fileno(), 4096):
+            return
+        if os.getppid() != parent or parent == 1:  # orphaned: adopted by init or a subreaper
             return

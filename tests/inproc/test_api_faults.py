@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _fixtures_server import TOKEN_USER_HEADER, conforms
+from _fixtures_follows import Follow, node_followers
+from _fixtures_polling import wait_for_async
+from _fixtures_server import conforms
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -52,67 +53,43 @@ async def test_a_300KB_argument_is_refused_with_the_limit_and_a_body_past_the_li
     assert error(label, 422)["field"] == "labels.a"
 
 
-class Follow:
-    """A raw ``log?follow=1`` request that a test can drop as a client would."""
-
-    def __init__(self, app: Any, job_id: int, user: str) -> None:
-        self.app, self.job_id, self.user = app, job_id, user
-        self.status = ""
-
-    async def open(self) -> Follow:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.app.port)
-        path = f"{self.app.base_url}gpusched/api/jobs/{self.job_id}/log?follow=1"
-        token = self.app.identity_provider.token
-        self.writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: token {token}\r\n"
-            f"{TOKEN_USER_HEADER}: {self.user}\r\n\r\n".encode()
-        )
-        await self.writer.drain()
-        line = await asyncio.wait_for(self.reader.readline(), 10)
-        self.status = line.decode().split()[1]
-        return self
-
-    def drop(self) -> None:
-        self.writer.close()
-
-
-def followers() -> list[int]:
-    """Pids of node-side log followers (the sim runs them as local processes)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"--follow" in argv and b"jupyter_gpusched.node.agent" in argv:
-            found.append(int(pid))
-    return found
-
-
 async def test_abandoned_follows_stop_and_never_hold_up_another_users_follow(
     gpusched: ApiClient, jp_serverapp: Any
 ) -> None:
     bob = gpusched.as_user("bob")
     quiet = await bob.submit(
-        kind="script", command=script("import time; time.sleep(60)"), gpu_models=["T4"]
+        kind="script", command=script("import time; time.sleep(600)"), gpu_models=["T4"]
     )
     await bob.wait_state(quiet["id"], "running")
     for _ in range(3):  # 9 follows dropped in all: never more than FOLLOWS open at once
         opened = [await Follow(jp_serverapp, quiet["id"], "bob").open() for _ in range(FOLLOWS)]
         assert [f.status for f in opened] == ["200"] * FOLLOWS
-        await asyncio.sleep(0.3)
+        await wait_for_async(
+            lambda: len(node_followers(jp_serverapp)),
+            lambda n: n == FOLLOWS,
+            timeout_s=60,
+            what=lambda n: f"bob's {FOLLOWS} followers to run on the node; {n} run",
+        )
         for follow in opened:
             follow.drop()
-        await asyncio.sleep(0.3)
+        await wait_for_gone(jp_serverapp)
     hers = await gpusched.submit(kind="script", command=script("print('hi')"), gpu_models=["T4"])
     resp = await asyncio.wait_for(
-        gpusched.request("GET", "jobs", str(hers["id"]), "log", params={"follow": 1}), 20
+        gpusched.request("GET", "jobs", str(hers["id"]), "log", params={"follow": 1}), 120
     )
     assert resp.code == 200 and resp.body == b"hi\n"
-    await asyncio.sleep(1.0)  # a dropped follower sees its stdin close within 0.2 s
-    assert followers() == []
+    await wait_for_gone(jp_serverapp)
     await bob.request("DELETE", "jobs", str(quiet["id"]))
+
+
+async def wait_for_gone(app: Any) -> None:
+    """Wait (generously: the box may be busy) until no log follower runs on the nodes."""
+    await wait_for_async(
+        lambda: node_followers(app),
+        lambda pids: not pids,
+        timeout_s=60,
+        what=lambda pids: f"the node's log followers to end; {len(pids)} still run",
+    )
 
 
 async def test_follows_are_bounded_per_user_and_a_full_node_still_serves_a_follow(

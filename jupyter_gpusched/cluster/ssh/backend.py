@@ -33,7 +33,7 @@ from jupyter_gpusched.node.agent import SERVED
 
 from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
 from .owners import command_line, sudo_refused
-from .pool import _Node
+from .pool import _Node, open_process
 from .serving import ServingPool
 
 #: ``sh -c`` script for :meth:`SshBackend.poll`; job dir and pid come in as ``$1``/``$2``, never
@@ -341,7 +341,7 @@ class SshBackend(ServingPool):
             argv += ["--start-time", str(h["start_time"])]
         line = command_line(st.cfg, argv, job.user)
         async with st.streams, self._channel(st, "following a log", job.user) as conn:
-            process = await conn.create_process(line, encoding=None)
+            process = await open_process(conn, line, encoding=None)
             try:
                 while chunk := await process.stdout.read(65536):
                     yield bytes(chunk)

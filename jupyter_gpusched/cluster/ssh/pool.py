@@ -68,6 +68,29 @@ class _Node:
 _CONNECTION_ERRORS = (OSError, asyncssh.DisconnectError, asyncssh.ConnectionLost, EOFError)
 
 
+async def open_process(conn: Any, line: str, *, encoding: str | None) -> Any:
+    """``conn.create_process(line)`` that leaves no channel behind when cancelled mid-open.
+
+    asyncssh opens a session in steps (open, confirmation, exec request, reply); a cancel
+    between them leaves the channel open on both sides and the remote command running, owned
+    by nobody, until the connection closes (a dropped log follow's ``agent log --follow``
+    outlived its client by the job's whole run). So the open runs to its end whatever happens
+    to the caller, and a process that opens after its caller went is closed at once.
+    """
+    opening = asyncio.ensure_future(conn.create_process(line, encoding=encoding))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[Any]) -> None:
+    """Close the process an abandoned :func:`open_process` opened (its error is moot)."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
 class NodePool:
     """SSH connections to the configured nodes, one each, reopened with backoff when lost."""
 
@@ -350,7 +373,7 @@ class NodePool:
         async with self._channel(st, f"running {argv[0]}", user) as conn:
             try:
                 async with asyncio.timeout(timeout_s):
-                    process = await conn.create_process(line, encoding=None)
+                    process = await open_process(conn, line, encoding=None)
                     try:
                         with contextlib.suppress(BrokenPipeError, asyncssh.Error):
                             while chunk := source.read(1 << 20):

@@ -31,7 +31,7 @@ from jupyter_gpusched.core.units import format_duration_s
 
 from .config import NodeConfig, RemoteResult
 from .owners import command_line, sudo_check_argv, sudo_check_failed, sudo_refused
-from .pool import NodePool, _Node
+from .pool import NodePool, _Node, open_process
 
 _log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class ServingPool(NodePool):
             line = command_line(st.cfg, self._serve_argv(st.cfg, user), user)
             conn = await self._connect(st, user)
             with self._translated(st, conn, "starting the node agent"):
-                process = await conn.create_process(line, encoding="utf-8")
+                process = await open_process(conn, line, encoding="utf-8")
 
             def closed(agent: ServingAgent) -> None:
                 if st.agents.get(user) is agent:

@@ -250,6 +250,8 @@ class LogHandler(ApiHandler):
             return
         close = self.gate.open_stream(self.caller_limits(sched), follow=True)  # or 429
         self._follow = asyncio.ensure_future(self._pump(sched, jid, offset))
+        if self._gone:  # the client left while the job was looked up: nothing to follow
+            self._follow.cancel()
         self._guard_follow()
         try:
             await self._follow
