@@ -32,6 +32,7 @@ class ServiceProcess:
         admins: tuple[str, ...] = ("carol",),
         sim_dir: str = "",
         policy: dict[str, Any] | None = None,
+        service: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         self.root = root
@@ -52,6 +53,7 @@ class ServiceProcess:
                 "port": self.port,
                 "allow_root": True,
                 "data_dir": str(root / "service-data"),
+                **(service or {}),  # GpuSchedService settings (timeouts, the connection cap)
             },
             "StoreTokenIdentityProvider": {"admin_users": list(admins)},
             "GpuSchedApp": gpusched,

@@ -26,7 +26,7 @@ import urllib.parse
 from typing import Any
 
 from jupyter_server.serverapp import ServerApp
-from traitlets import Bool, Enum, Unicode, default
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 
 from .auth import HubIdentityProvider, ServiceAuthorizer, StoreTokenIdentityProvider
 from .config import GpuSchedPolicy
@@ -75,6 +75,34 @@ class GpuSchedService(ServerApp):
         help="""Directory of the service's own files: each user's uploaded notebooks and
         inputs and the executed notebooks and logs that come back (users/<name>/). Default:
         gpusched-service under the Jupyter data dir."""
+    ).tag(config=True)
+
+    header_timeout_s = Float(
+        30.0,
+        min=1.0,
+        help="""Seconds a client has to send a request's headers, counted from when its
+        connection opened or its previous answer ended (so also how long an idle kept-alive
+        connection stays open); then its connection is closed.""",
+    ).tag(config=True)
+    body_timeout_s = Float(
+        30.0,
+        min=1.0,
+        help="""Seconds a request body may go without a byte arriving; then its connection is
+        closed. Past these first seconds a body must also average body_min_rate_bytes_s.""",
+    ).tag(config=True)
+    body_min_rate_bytes_s = Int(
+        8192,
+        min=0,
+        help="""Slowest average rate, in bytes per second, at which a request body may arrive
+        once body_timeout_s has passed (0: any); slower bodies are cut. At 8192 the largest
+        body the API reads (GpuSchedApp.max_request_bytes, 96 MB) may take 3.4 hours.""",
+    ).tag(config=True)
+    max_connections_per_address = Int(
+        128,
+        min=0,
+        help="""Connections one client address may hold open at once (0: no cap); the next
+        is answered 503 and closed at once. Under JupyterHub with a local spawner every
+        user's server reaches the service from one address: size it for the lab there.""",
     ).tag(config=True)
 
     classes = [*ServerApp.classes, GpuSchedPolicy, StoreTokenIdentityProvider, HubIdentityProvider]
@@ -138,6 +166,26 @@ class GpuSchedService(ServerApp):
         """Jupyter's, then Python's GIL handed on every :data:`GIL_SWITCH_S`."""
         super().initialize(argv, **kwargs)
         sys.setswitchinterval(GIL_SWITCH_S)
+
+    def init_httpserver(self) -> None:
+        """Jupyter's server, made a :class:`.connections.GuardedHTTPServer` before it binds."""
+        from .connections import ConnectionLimits, GuardedHTTPServer
+
+        super().init_httpserver()  # finds the port; binds self.http_server later, on the loop
+        limits = ConnectionLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            body_min_rate_bytes_s=self.body_min_rate_bytes_s,
+            max_connections_per_address=self.max_connections_per_address,
+        )
+        self._http_server = GuardedHTTPServer(
+            self.web_app,
+            limits=limits,
+            ssl_options=self.ssl_options,
+            xheaders=self.trust_xheaders,
+            max_body_size=self.max_body_size,
+            max_buffer_size=self.max_buffer_size,
+        )
 
     def init_configurables(self) -> None:
         """Refuse to serve without knowing who calls."""
