@@ -8,6 +8,7 @@ fake ``nvidia-smi`` on PATH stands in for the GPUs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -129,6 +130,46 @@ async def test_follow_log_over_openssh(backend: SshBackend, clock: ManualClock) 
     streamed = b"".join([chunk async for chunk in backend.follow_log(job)])
     assert streamed == b"a\nb\n"
     assert (await backend.poll(job)).exit_code == 2
+
+
+def followers_of(job: Job) -> list[int]:
+    """Pids of the node's ``agent log --follow`` processes for ``job`` (sshd's are local)."""
+    mark = job.handle["job_dir"].encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--follow" in argv and mark in argv:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.asyncio
+async def test_follows_cancelled_while_opening_leave_no_process_over_openssh(
+    backend: SshBackend, clock: ManualClock
+) -> None:
+    job = await started(backend, script_job(27, ["sh", "-c", "echo a; sleep 600"], clock), [0])
+
+    async def follow() -> None:
+        async for _ in backend.follow_log(job):
+            pass
+
+    for i in range(40):  # cancelled at every step of opening a channel, and once it runs
+        task = asyncio.ensure_future(follow())
+        await asyncio.sleep(0.002 * (i % 20))
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await wait_for_async(
+        lambda: followers_of(job),
+        lambda pids: not pids,
+        timeout_s=60,
+        what=lambda pids: f"the node's followers to end; {len(pids)} still run",
+    )
+    await backend.cancel(job, grace_s=1)
 
 
 @pytest.mark.asyncio
