@@ -108,7 +108,12 @@ async def test_follows_are_bounded_per_user_and_a_full_node_still_serves_a_follo
     await carol.wait_state(hers["id"], "running")
     held += [await Follow(jp_serverapp, hers["id"], "carol").open() for _ in range(FOLLOWS)]
     assert [f.status for f in held] == ["200"] * (2 * FOLLOWS)
-    await asyncio.sleep(0.5)  # the node's follow channels (4 of its 8) are all taken now
+    await wait_for_async(  # the node's follow channels (4 of its 8) are all taken now
+        lambda: len(node_followers(jp_serverapp)),
+        lambda n: n >= 4,
+        timeout_s=60,
+        what=lambda n: f"4 followers to run on the node; {n} run",
+    )
     alice = await gpusched.submit(
         kind="script",
         command=script(
@@ -117,7 +122,7 @@ async def test_follows_are_bounded_per_user_and_a_full_node_still_serves_a_follo
         **half_t4,
     )
     resp = await asyncio.wait_for(
-        gpusched.request("GET", "jobs", str(alice["id"]), "log", params={"follow": 1}), 20
+        gpusched.request("GET", "jobs", str(alice["id"]), "log", params={"follow": 1}), 120
     )
     assert resp.code == 200 and resp.body == b"0\n1\n2\n"
     for follow in held:
