@@ -11,13 +11,13 @@ the API answering (median / max).
 ``--blips N`` runs the network side instead: each node reached through a loopback forwarder
 whose line is cut N times for 4-12 s, a node with running jobs each time (less than the
 service's 20 s ``node_down_after_s``, more than the few seconds it takes to count a node
-unreachable), while 60 jobs of 10-30 s run with ``retries=1``, on both stores; then one
+unreachable), while 150 jobs of 10-30 s run with ``retries=1``, on both stores; then one
 busy node cut past the grace. Prints jobs lost, run twice (work redone), killed, wrong final
 states, GPU overlaps, and what became of the long cut's jobs (re-adopted, or stopped because
 their retry ran).
 
 Run: ``.venv/bin/python bench/chaos.py [--jobs 200] [--kills 8] [--seed 1] [--only sqlite-day]``
-or ``.venv/bin/python bench/chaos.py --blips 20 [--jobs 60]``
+or ``.venv/bin/python bench/chaos.py --blips 15 [--jobs 150]``
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blips", type=int, default=0, help="cut the nodes' lines N times instead")
     args = p.parse_args(argv)
     if args.blips:
-        return blips(args.blips, args.jobs if args.jobs != 200 else 60, args.seed)
+        return blips(args.blips, args.jobs if args.jobs != 200 else 150, args.seed)
     combos = [(s, w) for s in ("sqlite", "postgres") for w in ("day", "night")]
     if args.only:
         combos = [c for c in combos if "-".join(c) == args.only]
@@ -140,6 +140,8 @@ def blips(cuts: int, jobs: int, seed: int) -> int:
                 kill_leftovers(run / "chaos" / "runs")
             print(report.line(), flush=True)
             clean = clean and report.clean
+            for job_id, story in report.details.items():
+                print(f"  job {job_id}:", *story, sep="\n    ", flush=True)
     finally:
         if pg is not None:
             pg.stop()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _fixtures_chaos import ENDED
+from _fixtures_chaos import ENDED, _story
 from _fixtures_failover import audit, job_spec
 from _fixtures_proxy import CuttableProxy
 from _fixtures_service import ServiceProcess
@@ -128,11 +128,16 @@ def _reasons(engine: Any, needle: str) -> set[int]:
         return {int(j) for j, d in conn.execute(query) if needle in str(d)}
 
 
-def _busy_node(service: ServiceProcess, rng: random.Random) -> str | None:
-    """A node where a job runs now (a cut there has work to lose), if any."""
+def _busy_node(service: ServiceProcess, rng: random.Random, calm: dict[str, float]) -> str | None:
+    """A node where a job runs now (a cut there has work to lose) and that has been calm.
+
+    A node cut again moments after its line came back is one outage, not two blips: each
+    node's blips are a grace apart (``calm``: node -> when it may be cut again).
+    """
     listed = service.api("GET", "jobs?state=running&limit=1000", token=service.admin_token)
     busy = sorted({j["placement"]["node"] for j in listed["jobs"] if j.get("placement")})
-    return rng.choice(busy) if busy else None
+    ready = [n for n in busy if calm.get(n, 0.0) <= time.monotonic()]
+    return rng.choice(ready) if ready else None
 
 
 def _ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dict[int, Any]:
@@ -187,15 +192,18 @@ def run_blips(
         for _ in range(jobs):
             spec = job_spec(runs, rng.uniform(*runtime_s), rng.choice((1, 1, 2)))
             ids.append(service.api("POST", "jobs", {**spec, "retries": 1}, token=token)["id"])
-        for _ in range(blips):
+        calm: dict[str, float] = {}
+        give_up = time.monotonic() + timeout_s
+        while report.blips < blips:
+            assert time.monotonic() < give_up, f"only {report.blips} blips found a busy node"
             time.sleep(rng.uniform(0.5, 2.0))
-            name, cut_s = (
-                _busy_node(service, rng) or rng.choice(list(lines.proxies)),
-                rng.uniform(*blip_s),
-            )
+            name, cut_s = _busy_node(service, rng, calm), rng.uniform(*blip_s)
+            if name is None:
+                continue
             lines.cut(name)
             time.sleep(cut_s)
             lines.restore(name)
+            calm[name] = time.monotonic() + grace_s
             report.blips += 1
             report.blip_s.append(cut_s)
         found = _ended(service, ids, timeout_s)
@@ -209,6 +217,8 @@ def run_blips(
         report.run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
         report.killed = sorted({j for j, _ in _events(engine, "kill")})
         report.overlaps = seen.overlaps
+        for i in {*report.run_twice, *report.lost, *report.not_succeeded, *report.killed}:
+            report.details[i] = _story(engine, runs, i)
         if long_cut:
             _long_cut(service, lines, runs, rng, grace_s, report, engine)
         return report

@@ -72,7 +72,7 @@ def test_network_blips_shorter_than_the_grace_kill_redo_and_lose_nothing(
         seed=31,
         grace_s=30.0,
         blip_s=(8.0, 12.0),
-        runtime_s=(15.0, 25.0),
+        runtime_s=(30.0, 45.0),
         long_cut=False,
     )
     print(report.line())

@@ -9,7 +9,9 @@ unreachable (or back), instead of waiting for the next inventory interval.
 Unreachable is not down. A network blip of a few seconds must not kill an hour of training, so
 a node the backend cannot reach is first *suspect*: it takes no new work, its jobs keep their
 GPUs and their state, and only after ``down_after_s`` (Slurm's ``SlurmdTimeout`` is the
-precedent, 300 s by default) is it *down* and its jobs lost (requeued while they have retries).
+precedent, 300 s by default) and a last probe that still finds no answer (the backend's
+reconnect backoff may be waiting past the grace) is it *down* and its jobs lost (requeued
+while they have retries).
 A node that was down is placed on again only once the scheduler reconciled it (re-adopted what
 still runs there), so a retry never lands on GPUs its earlier attempt still holds.
 """
@@ -47,7 +49,6 @@ class NodeHealth:
         self.down_after_s = down_after_s
         self._since: dict[str, datetime] = {}
         self._declared: set[str] = set()  # down, and not reconciled since
-        self._said_down: set[str] = set()
 
     def unreachable(self, name: str) -> bool:
         """Whether the backend cannot reach the node now (suspect or down)."""
@@ -67,38 +68,35 @@ class NodeHealth:
         return None if since is None else since + timedelta(seconds=self.down_after_s)
 
     def down(self, name: str) -> bool:
-        """Unreachable for the whole grace: its jobs are lost (and requeued per retries)."""
-        at = self.down_at(name)
-        if at is None or self._clock.now() < at:
-            return False
-        self._declared.add(name)
-        return True
+        """Declared down (past the grace and a last probe): its jobs are lost (and requeued)."""
+        return name in self._declared and self.unreachable(name)
 
     def suspect(self, name: str) -> bool:
-        """Unreachable, within the grace: no new work, its jobs keep their GPUs."""
-        return self.unreachable(name) and not self.down(name)
+        """Unreachable, not declared down: no new work, its jobs keep their GPUs."""
+        return self.unreachable(name) and name not in self._declared
 
-    def newly_down(self, names: Iterable[str]) -> list[str]:
-        """Nodes that went past the grace since this was last asked (each said once)."""
-        fresh = [n for n in names if self.down(n) and n not in self._said_down]
-        self._said_down.update(fresh)
-        return fresh
+    def expired(self, names: Iterable[str]) -> list[str]:
+        """Suspect nodes whose grace ran out: probe them once more, then :meth:`declare` them."""
+        now = self._clock.now()
+        return [
+            n
+            for n in names
+            if self.suspect(n) and (at := self.down_at(n)) is not None and now >= at
+        ]
 
-    def declare_down(self, names: Iterable[str]) -> list[dict[str, Any]]:
-        """Say once (log, and a ``node`` event's detail) when a node's grace ran out."""
-        details = []
-        for name in self.newly_down(names):
-            since = self.since(name)
-            log.warning(
-                "gpusched: node %s is down: unreachable since %s (%.0f s, node_down_after_s); "
-                "its jobs are requeued per their retries",
-                name,
-                since.isoformat() if since else "?",
-                self.down_after_s,
-            )
-            at = since.isoformat() if since else None
-            details.append({"node": name, "up": False, "down": True, "unreachable_since": at})
-        return details
+    def declare(self, name: str) -> dict[str, Any]:
+        """Declare a node down (logged once); the detail of its ``node`` event."""
+        self._declared.add(name)
+        since = self.since(name)
+        log.warning(
+            "gpusched: node %s is down: unreachable since %s (%.0f s, node_down_after_s); "
+            "its jobs are requeued per their retries",
+            name,
+            since.isoformat() if since else "?",
+            self.down_after_s,
+        )
+        at = since.isoformat() if since else None
+        return {"node": name, "up": False, "down": True, "unreachable_since": at}
 
     def detail(self, node: NodeInventory) -> dict[str, Any]:
         """A ``node`` event's detail when it stops answering or answers again."""
@@ -124,7 +122,6 @@ class NodeHealth:
     def reconciled(self, name: str) -> None:
         """The node answered and its jobs were settled: it may take work again."""
         self._declared.discard(name)
-        self._said_down.discard(name)
 
     def placeable(self, name: str) -> bool:
         """Whether the packer may place on the node now."""
@@ -134,7 +131,7 @@ class NodeHealth:
         """``up``, ``suspect`` or ``down``, as the API shows it."""
         if not self.unreachable(name):
             return "up"
-        return "down" if self.down(name) else "suspect"
+        return "down" if name in self._declared else "suspect"
 
 
 class NodeWatch:

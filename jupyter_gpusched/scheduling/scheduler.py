@@ -337,9 +337,8 @@ class Scheduler(JobActions, Placing):
             await self._refresh_inventory()
             if upkeep:
                 self._upkeep_at = asyncio.get_running_loop().time()
+                await self._declare_down()
                 await self._resume_launches()
-                for detail in self.health.declare_down(n.name for n in self._inventory):
-                    self.store.add_event("node", detail=detail)
                 await self.tracker.poll_active()
                 await self._refresh_inventory()  # a node its jobs were lost on shows down now
                 await self.tracker.reap_stale()
@@ -352,6 +351,18 @@ class Scheduler(JobActions, Placing):
             await asyncio.sleep(0)
             await self._end.run()
         await self.notify()
+
+    async def _declare_down(self) -> None:
+        """Declare down the nodes whose grace ran out and that a last probe cannot reach."""
+        if not self.health.expired(n.name for n in self._inventory):
+            return
+        retry_now = getattr(self.backend, "retry_now", None)
+        for name in self.health.expired(n.name for n in self._inventory):
+            if retry_now is not None:
+                retry_now(name)  # past its reconnect backoff: the node may be back already
+        await self._refresh_inventory(force=True)
+        for name in self.health.expired(n.name for n in self._inventory):
+            self.store.add_event("node", detail=self.health.declare(name))
 
     async def _resume_launches(self) -> None:
         """Settle ``starting`` jobs whose launch did not return (a crash, a takeover)."""

@@ -152,6 +152,14 @@ class NodePool:
         """True after ``down_after_failures`` consecutive failed attempts to reach the node."""
         return self._node(name).failures >= self.down_after_failures
 
+    def retry_now(self, name: str) -> None:
+        """Let the next command try to connect now, whatever the backoff says.
+
+        Before the scheduler declares a node down it asks once more: a node whose network came
+        back may still be inside a long backoff.
+        """
+        self._node(name).retry_at = float("-inf")
+
     def node_error(self, name: str) -> str | None:
         """The last connection error of a node, None while it answers."""
         st = self._node(name)
