@@ -32,7 +32,6 @@ from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.core.usage import UsageTally
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import (
-    attribute_processes,
     build_state,
     node_shape,
 )
@@ -46,6 +45,7 @@ from .events import EventHub
 from .health import NO_NODE, NodeHealth, NodeWatch
 from .history import GpuHistory
 from .increments import PassMemo, QueuePositions
+from .inventorying import Inventorying
 from .launching import Launcher
 from .limits import enforce_limits
 from .placing import Placing
@@ -70,7 +70,7 @@ def script_command(job: Job) -> Sequence[str]:
     return job.spec.command
 
 
-class Scheduler(JobActions, Placing):
+class Scheduler(JobActions, Placing, Inventorying):
     """One cluster queue. All public methods are safe to call from request handlers."""
 
     def __init__(
@@ -352,18 +352,6 @@ class Scheduler(JobActions, Placing):
             await self._end.run()
         await self.notify()
 
-    async def _declare_down(self) -> None:
-        """Declare down the nodes whose grace ran out and that a last probe cannot reach."""
-        if not self.health.expired(n.name for n in self._inventory):
-            return
-        retry_now = getattr(self.backend, "retry_now", None)
-        for name in self.health.expired(n.name for n in self._inventory):
-            if retry_now is not None:
-                retry_now(name)  # past its reconnect backoff: the node may be back already
-        await self._refresh_inventory(force=True)
-        for name in self.health.expired(n.name for n in self._inventory):
-            self.store.add_event("node", detail=self.health.declare(name))
-
     async def _resume_launches(self) -> None:
         """Settle ``starting`` jobs whose launch did not return (a crash, a takeover)."""
         starting, _ = self.store.list_jobs(states=[JobState.STARTING], limit=1_000_000)
@@ -391,57 +379,6 @@ class Scheduler(JobActions, Placing):
     def _note_ended(self, job_id: int) -> None:
         self._history.clear()  # runtime estimates read the owners' finished jobs again
         self._end.ended(job_id)
-
-    async def _refresh_inventory(self, *, force: bool = False) -> None:
-        """Probe the nodes when due; apply a probe's answer.
-
-        The periodic probe (a few hundred ms of SSH round trips) runs beside the passes, and
-        the pass after it finished applies it: a submit that lands meanwhile does not wait for
-        it. The first probe, an asked-for one, one after a node's state changed and, with an
-        interval of 0, every pass's (the simulator, tests) are waited for.
-        """
-        mono = self.clock.monotonic()
-        due = self._inventory_at is None or mono - self._inventory_at >= self.inventory_interval_s
-        now = force or self._inventory_at is None or self._watch.changed(self._inventory)
-        if now or (due and self.inventory_interval_s <= 0):
-            probed = await self.backend.inventory(refresh=True)
-        elif self._probing is not None and self._probing.done():
-            task, self._probing = self._probing, None
-            probed = task.result()
-        else:
-            if due and self._probing is None:
-                self._probing = asyncio.create_task(self.backend.inventory(refresh=True))
-                self._probing.add_done_callback(lambda _: self.wake())
-                self._inventory_at = mono
-            return
-        before = {n.name: n.up for n in self._inventory}
-        holding, _ = self.store.list_jobs(states=list(ACTIVE_STATES), limit=None)
-        self._inventory = attribute_processes(probed, holding)
-        self._inventory_at = mono
-        self._watch.probed(self._inventory)
-        self._watch.say(self._inventory)
-        self.gpu_history.record(self._inventory, holding, self.clock.now())
-        for node in self._inventory:
-            if node.up and self.health.was_down(node.name):
-                await self.tracker.reconcile_node(node.name)
-                self.health.reconciled(node.name)
-            if before.get(node.name, True) != node.up:  # suspect now (its jobs say so), or back
-                self.store.add_event("node", detail=self.health.detail(node))
-                since, down_at = self.health.since(node.name), self.health.down_at(node.name)
-                await self.tracker.mark_reachability(node.name, since, down_at)
-
-    async def refresh_inventory(self) -> list[NodeInventory]:
-        """Probe every node now (the API's on-demand refresh)."""
-        async with self._tick_lock:
-            await self._refresh_inventory(force=True)
-        await self.notify()
-        return self._inventory
-
-    def _unreachable(self, name: str) -> bool:
-        node_down = getattr(self.backend, "node_down", None)
-        if node_down is not None:
-            return bool(node_down(name))
-        return any(n.name == name and not n.up for n in self._inventory)
 
     # ------------------------------------------------------------------ placing
     def _empty_state(self) -> packer.ClusterState:
