@@ -187,7 +187,7 @@ class GpuSchedApp(ExtensionApp):
         stops the server for 150-200 ms. See jupyter_gpusched.server.gc_pauses.""",
     ).tag(config=True)
     store_retry_max_s = Float(
-        30.0,
+        10.0,
         min=1.0,
         help="""Longest pause, in seconds, between tries to open the store when it was away at
         start (PostgreSQL down, the file locked or unreadable); the pause starts at 1 s and
