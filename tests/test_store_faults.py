@@ -221,8 +221,8 @@ def fill(path: Path) -> None:
 
 
 def test_on_a_full_disk_reads_answer_writes_say_what_to_free_and_it_heals_once_freed(
-    tmp_path: Path, servers: list[ServerProcess], small_disk: Path
-) -> None:
+    tmp_path: Path, small_disk: Path, servers: list[ServerProcess]
+) -> None:  # the server stops before its disk is unmounted
     db = small_disk / "gpusched.db"
     server = ServerProcess(tmp_path, store_url=f"sqlite:///{db}", leader_ttl_s=3.0).start()
     servers.append(server)
