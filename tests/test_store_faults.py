@@ -1,12 +1,15 @@
-"""A store that is away: locked, down, corrupt or read-only (issue #15, items 7 and 8).
+"""A store that is away: locked, down, corrupt, read-only or full (issues #15 and #31).
 
 Seen before: a locked SQLite file (30 s busy timeout) stalled every request of the server,
 kernels included; PostgreSQL down at start (or a corrupt file) gave 503 forever, even after it
-came back; during an outage every route answered 500. Each test runs a real server process.
+came back; during an outage every route answered 500. A file read-only at start refused writes
+after it was made writable (>= 106 s, until a restart), and a full disk turned every request,
+reads included, into a 503. Each test runs a real server process on a real file or disk.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -95,18 +98,8 @@ def test_a_locked_sqlite_store_cuts_writes_off_but_never_stalls_the_server(
         holder.execute("ROLLBACK")
         holder.close()
     created: list[int] = []
-
-    def accepted() -> bool:
-        status, body, _ = call(server, "POST", "gpusched/api/jobs", job())
-        if status == 201:
-            created.append(body["id"])
-        return status == 201
-
-    until(accepted, "writes work again once the lock is released", 30)
-    until(
-        lambda: call(server, "GET", f"gpusched/api/jobs/{created[0]}")[1]["state"] == "succeeded",
-        "the queue runs again",
-    )
+    until(lambda: accepted(server, created), "writes work again once the lock is released", 30)
+    until(lambda: state(server, created[0]) == "succeeded", "the queue runs again")
 
 
 @pytest.fixture
@@ -166,18 +159,107 @@ def test_a_corrupt_sqlite_file_says_what_to_do_and_recovers_once_moved_away(
     until(lambda: call(server, "GET", "gpusched/api/jobs")[0] == 200, "recovered by itself")
 
 
-def test_a_read_only_sqlite_file_is_a_clear_error_at_start(
+def test_a_store_read_only_at_start_serves_reads_and_heals_by_itself_once_writable(
     tmp_path: Path, servers: list[ServerProcess]
 ) -> None:
     first = ServerProcess(tmp_path / "one").start()  # a store made by an earlier run
+    earlier = call(first, "POST", "gpusched/api/jobs", job())[1]["id"]
+    until(lambda: state(first, earlier) == "succeeded", "the first run's job ends")
     first.stop()
     db = tmp_path / "one" / "gpusched.db"
     with read_only(db):
-        server = ServerProcess(tmp_path / "one", **FAST_RETRY).start(expect=503)
+        server = ServerProcess(tmp_path / "one", **FAST_RETRY).start()  # reads answer
         servers.append(server)
-        unavailable(call(server, "GET", "gpusched/api/jobs"), "read-only", str(db))
+        unavailable(call(server, "POST", "gpusched/api/jobs", job()), "read-only", str(db))
         log = server.log_text()
         assert "read-only" in log and "make the file and its directory writable" in log
+        # Reads go on meanwhile, over several of the store's pauses; the connections they
+        # open now are read-only, and used to refuse every write after the file was fixed.
+        began = time.monotonic()
+        while time.monotonic() - began < 5.0:
+            assert call(server, "GET", f"gpusched/api/jobs/{earlier}")[0] == 200
+            assert call(server, "GET", "gpusched/api/cluster")[0] == 200
+            time.sleep(0.1)
+        unavailable(call(server, "POST", "gpusched/api/jobs", job()), "read-only")
+    fixed = time.monotonic()
+    created: list[int] = []
+    until(lambda: accepted(server, created), "writes work again once the file is writable", 60)
+    healed_s = time.monotonic() - fixed
+    assert healed_s < 15.0, f"writes came back {healed_s:.1f} s after the file became writable"
+    until(lambda: state(server, created[0]) == "succeeded", "the queue runs again")
+    assert state(server, earlier) == "succeeded"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 5 MB filesystem of its own (tmpfs, mounted as root); the test skips where it cannot."""
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=5m,mode=0700", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 5 MB tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=False)
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until its disk is full."""
+    chunk = bytes(64 << 10)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+
+
+def test_on_a_full_disk_reads_answer_writes_say_what_to_free_and_it_heals_once_freed(
+    tmp_path: Path, small_disk: Path, servers: list[ServerProcess]
+) -> None:  # the server stops before its disk is unmounted
+    db = small_disk / "gpusched.db"
+    server = ServerProcess(tmp_path, store_url=f"sqlite:///{db}", leader_ttl_s=3.0).start()
+    servers.append(server)
+    earlier = call(server, "POST", "gpusched/api/jobs", job())[1]["id"]
+    until(lambda: state(server, earlier) == "succeeded", "a job runs while there is room")
+    filler = small_disk / "filler"
+    fill(filler)
+    unavailable(
+        call(server, "POST", "gpusched/api/jobs", job()), "full", "free space", str(small_disk)
+    )
+    # Reads answer all along: past the leader's lease (3 s), which it cannot renew either.
+    began = time.monotonic()
+    while time.monotonic() - began < 5.0:
+        assert call(server, "GET", "gpusched/api/jobs")[0] == 200
+        assert call(server, "GET", f"gpusched/api/jobs/{earlier}")[0] == 200
+        assert call(server, "GET", "gpusched/api/cluster")[0] == 200
+        time.sleep(0.1)
+    unavailable(call(server, "POST", "gpusched/api/jobs", job()), "full")
+    filler.unlink()
+    freed = time.monotonic()
+    created: list[int] = []
+    until(lambda: accepted(server, created), "writes work again once there is room", 60)
+    healed_s = time.monotonic() - freed
+    assert healed_s < 15.0, f"writes came back {healed_s:.1f} s after space was freed"
+    until(lambda: state(server, created[0]) == "succeeded", "the queue runs again")
+
+
+def state(server: ServerProcess, job_id: int) -> str:
+    return str(call(server, "GET", f"gpusched/api/jobs/{job_id}")[1]["state"])
+
+
+def accepted(server: ServerProcess, created: list[int]) -> bool:
+    """Submit a job; whether it was taken (its id then goes to ``created``)."""
+    status, body, _ = call(server, "POST", "gpusched/api/jobs", job())
+    if status == 201:
+        created.append(body["id"])
+    return status == 201
 
 
 class read_only:  # noqa: N801 - a context manager named for what it makes

@@ -267,6 +267,7 @@ class Scheduler(JobActions, Placing, Inventorying):
         while True:
             await asyncio.sleep(self.leader_ttl_s / 3)
             await self._hold_lease()
+            await asyncio.to_thread(self.store.trim_wal)  # readers can keep SQLite's WAL growing
 
     async def _run(self) -> None:
         while not self._stopping:

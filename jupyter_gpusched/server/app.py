@@ -198,7 +198,7 @@ class GpuSchedApp(ExtensionApp):
         stops the server for 150-200 ms. See jupyter_gpusched.server.gc_pauses.""",
     ).tag(config=True)
     store_retry_max_s = Float(
-        30.0,
+        10.0,
         min=1.0,
         help="""Longest pause, in seconds, between tries to open the store when it was away at
         start (PostgreSQL down, the file locked or unreadable); the pause starts at 1 s and
@@ -375,10 +375,10 @@ class GpuSchedApp(ExtensionApp):
 
             self._gc = GcFreezer()
             self._gc.start()
+        if self.mode == "service":
+            self._serve_tokens(serverapp)
         try:
             scheduler, self._sim = await build_scheduler(self)
-            if self.mode == "service":
-                self._serve_tokens(serverapp, scheduler.store)
             await scheduler.start()
         except UnavailableError as exc:
             # The store is away (PostgreSQL down, the file locked, read-only or corrupt): the
@@ -437,15 +437,20 @@ class GpuSchedApp(ExtensionApp):
             return None
         return self.serverapp.web_app.settings.get("gpusched")
 
-    def _serve_tokens(self, serverapp: Any, store: Any) -> None:
-        """Let the service's token identity provider look tokens up in the store."""
+    def _serve_tokens(self, serverapp: Any) -> None:
+        """Tokens are looked up in the scheduler's store: a 503 saying why until it is open."""
         from jupyter_gpusched.store import tokens
 
-        from .auth import StoreTokenIdentityProvider
+        from .auth import STARTING, StoreTokenIdentityProvider
 
-        provider = serverapp.identity_provider
-        if isinstance(provider, StoreTokenIdentityProvider):
-            provider.lookup = lambda token: tokens.user_for(store, token)
+        def lookup(token: str) -> str | None:
+            scheduler = serverapp.web_app.settings.get("gpusched")
+            if scheduler is None:  # starting, stopping, or waiting for its store
+                raise self.start_error or UnavailableError(STARTING, retry_after_s=1.0)
+            return tokens.user_for(scheduler.store, token)
+
+        if isinstance(serverapp.identity_provider, StoreTokenIdentityProvider):
+            serverapp.identity_provider.lookup = lookup
 
     @staticmethod
     def _root_dir(serverapp: Any) -> str:

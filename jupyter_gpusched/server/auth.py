@@ -30,10 +30,14 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, Integer, Set, Unicode, default
 
+from jupyter_gpusched.core.errors import UnavailableError
+
 #: The one resource every route of the gpusched API declares.
 AUTH_RESOURCE = "gpusched"
 #: The JupyterHub custom scope of the queue's admins.
 ADMIN_SCOPE = "custom:gpusched:admin"
+#: What a caller hears while the service cannot yet tell whose token it is (a 503).
+STARTING = "the service is starting: tokens are checked once its store is open; try again shortly"
 
 
 @dataclass
@@ -162,12 +166,15 @@ class StoreTokenIdentityProvider(_TokenOnlyIdentityProvider):
         Unicode(),
         help="Users who may cancel or change anyone's jobs (set by the service's operator).",
     ).tag(config=True)
-    #: Set by the service once the store is open: token -> user name or None.
+    #: Set by the service: token -> user name or None. It raises
+    #: :class:`~jupyter_gpusched.core.errors.UnavailableError` (503 with ``Retry-After``)
+    #: while it cannot tell -- the store not open yet, or away -- never calling a valid token
+    #: invalid (a 401 while the service started made clients drop valid tokens).
     lookup: Callable[[str], str | None] | None = None
 
     async def identify(self, token: str) -> GpuSchedUser | None:  # noqa: D102
-        if self.lookup is None:
-            return None
+        if self.lookup is None:  # the service has not wired its store in yet
+            raise UnavailableError(STARTING, retry_after_s=1.0)
         name = self.lookup(token)
         if name is None:
             return None

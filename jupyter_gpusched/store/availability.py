@@ -13,8 +13,10 @@ every request of the server, kernels included. So:
 * a SQLite lock is waited on for at most ``LOOP_BUSY_TIMEOUT_MS`` on the loop (see
   :mod:`.engine`); PostgreSQL connects time out after a few seconds.
 
-Reads still work while SQLite is only locked for writing (WAL readers never wait), so a
-locked store cuts off only writes.
+Reads still work while SQLite is only locked for writing (WAL readers never wait), read-only,
+or on a full disk, so then only writes are cut off: the 503 says what to do (free space, make
+the file writable), and the first write that succeeds again -- the leader lease's renewal
+tries every few seconds -- ends it for everyone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -159,18 +163,28 @@ class Availability:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
         if not self._sqlite:
             return f"the store (PostgreSQL at {self._where}) cannot be reached: {detail}", False
+        code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", 0) & 0xFF
         lowered = detail.lower()
-        if "locked" in lowered:
+        if code == sqlite3.SQLITE_FULL or (not code and "disk is full" in lowered):
+            folder = os.path.dirname(os.path.abspath(self._where))
+            return (
+                f"the disk holding the store file {self._where} is full: free space in "
+                f"{folder} (or move the store elsewhere, GpuSchedApp.store_url); reads go on, "
+                "and writes resume by themselves once there is room",
+                True,
+            )
+        if code == sqlite3.SQLITE_READONLY or "readonly" in lowered or "read-only" in lowered:
+            return (
+                f"the store file {self._where} is read-only for this user ({detail}): make the "
+                "file and its directory writable, or set GpuSchedApp.store_url elsewhere; reads "
+                "go on, and writes resume by themselves once it is writable",
+                True,
+            )
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in lowered:
             return (
                 f"the store file {self._where} is locked by another process (a tool holding a "
                 "transaction open?); writes wait until it is released",
                 True,
-            )
-        if "readonly" in lowered or "read-only" in lowered:
-            return (
-                f"the store file {self._where} is read-only for this user ({detail}): make the "
-                "file and its directory writable, or set GpuSchedApp.store_url elsewhere",
-                False,
             )
         if "not a database" in lowered or "malformed" in lowered:
             return (

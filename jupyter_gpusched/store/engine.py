@@ -4,6 +4,14 @@ SQLite runs in WAL mode with ``synchronous=FULL`` (``NORMAL`` for redoable write
 :mod:`.store`) and writers take the lock with ``BEGIN
 IMMEDIATE`` (see :mod:`.store`); other URLs (PostgreSQL) get a pre-pinged pool.
 
+The WAL stays small: SQLite's default checkpoints it only past 1000 pages and never shrinks
+the file, so 400 submitted jobs left a 4.2 MB WAL beside a 1 MB database for good -- on a
+5 MB volume, a full disk within a minute. Here it is checkpointed every
+:data:`WAL_AUTOCHECKPOINT_PAGES`, cut back to :data:`WAL_LIMIT_BYTES` when it restarts, and
+:func:`truncate_wal` empties one that readers kept from restarting. A connection that found
+the file read-only stays read-only, so such an error drops the pool's connections
+(:func:`_on_error`): the next transaction opens the file afresh and sees it writable again.
+
 A SQLite file holds every job's env values and notebook parameters: whoever opens one first
 creates it 0600 (SQLite gives its ``-wal`` and ``-shm`` files the same mode) in a folder made
 0700, and :func:`exposure` says what to run when an existing one is open to other users.
@@ -23,7 +31,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine, ExceptionContext, make_url
 from sqlalchemy.pool import StaticPool
 
 from jupyter_gpusched.node.stage import private_folder
@@ -34,6 +42,13 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+#: A passive checkpoint after each commit that leaves the WAL this long (~0.5 MB of pages).
+WAL_AUTOCHECKPOINT_PAGES = 128
+#: What a restarting WAL is cut back to (``PRAGMA journal_size_limit``), and past which
+#: :func:`truncate_wal` empties it.
+WAL_LIMIT_BYTES = 1 << 20
+#: How long :func:`truncate_wal` waits for readers and writers: it is tried again later.
+_TRUNCATE_BUSY_MS = 200
 #: How long a SQLite writer waits for another one's lock.
 _BUSY_TIMEOUT_MS = 30_000
 #: ... when it waits on the event loop, where waiting stalls every request of the server.
@@ -77,7 +92,11 @@ def make_engine(url: str, *, echo: bool) -> Engine:
             _enable_wal(cursor)
         cursor.execute("PRAGMA synchronous = FULL")
         cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+        cursor.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
         cursor.close()
+
+    event.listen(engine, "handle_error", _on_error)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -94,6 +113,59 @@ def make_engine(url: str, *, echo: bool) -> Engine:
         conn.exec_driver_sql(f"BEGIN {options.get('gpusched_begin', 'DEFERRED')}")
 
     return engine
+
+
+def _on_error(context: ExceptionContext) -> None:
+    """A read-only SQLite file: drop the pool's connections, so the next one reopens the file.
+
+    SQLite opens a file it may not write read-only, and the connection stays so after the
+    file (its folder, its mount) becomes writable: without this a store read-only at start
+    kept refusing writes until the server restarted.
+    """
+    code = getattr(context.original_exception, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY:
+        context.is_disconnect = True
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite ``url``; None for other databases and in-memory ones."""
+    parsed = make_url(url)
+    database = str(parsed.database or "")
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):
+        return None
+    return os.path.abspath(os.path.expanduser(database))
+
+
+def wal_bytes(path: str) -> int:
+    """The size of the WAL beside the SQLite file ``path`` (0 when there is none)."""
+    try:
+        return os.stat(f"{path}-wal").st_size
+    except OSError:
+        return 0
+
+
+def truncate_wal(engine: Engine, path: str) -> bool:
+    """Empty the WAL of the SQLite file ``path`` when it outgrew :data:`WAL_LIMIT_BYTES`.
+
+    Passive checkpoints cannot restart a WAL that some reader still needs, so a busy server
+    could grow it past its limit; a ``TRUNCATE`` checkpoint waits briefly for them and
+    empties it. Whether it was emptied (False: it was small, or readers or a writer held it;
+    the next call tries again). Call it from a worker thread.
+    """
+    if wal_bytes(path) <= WAL_LIMIT_BYTES:
+        return False
+    conn = engine.raw_connection()  # no BEGIN: a checkpoint runs outside any transaction
+    try:
+        conn.info.pop("busy_ms", None)  # the next transaction sets its own again
+        cursor = conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {_TRUNCATE_BUSY_MS}")
+        busy, _, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        cursor.close()
+    finally:
+        conn.close()
+    return not busy
 
 
 def create_private(path: str) -> None:
@@ -118,13 +190,9 @@ def exposure(url: str) -> list[str]:
     The file (and its ``-wal``, ``-shm``) must give group and others nothing; its folder, no
     more than entering it. Other URLs (PostgreSQL) are the database server's to guard.
     """
-    parsed = make_url(url)
-    database = str(parsed.database or "")
-    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+    path = sqlite_path(url)
+    if path is None:
         return []
-    if database.startswith("file:"):
-        return []
-    path = os.path.abspath(os.path.expanduser(database))
     said = []
     files = [f for f in (path, f"{path}-wal", f"{path}-shm") if _mode(f) & 0o077]
     if files:

@@ -28,6 +28,7 @@ Durability and consistency
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.sql.elements import ColumnElement
@@ -59,7 +61,14 @@ from jupyter_gpusched.core.models import (
 )
 
 from .availability import Availability
-from .engine import alembic_config, make_engine, normalize_url, private_folder
+from .engine import (
+    alembic_config,
+    make_engine,
+    normalize_url,
+    private_folder,
+    sqlite_path,
+    truncate_wal,
+)
 from .eventlog import EventLog
 from .jobcache import JobCache
 from .leader import check_fence
@@ -183,6 +192,20 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
             if self.dialect == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
             command.upgrade(alembic_config(conn), "head")
+
+    def trim_wal(self) -> bool:
+        """Empty a SQLite store's WAL that readers kept past its limit; whether it was.
+
+        For a periodic task in a worker thread (:func:`.engine.truncate_wal`); it never
+        raises: a store that is away is left to the callers that say so.
+        """
+        path = sqlite_path(self.url)
+        if path is None:
+            return False
+        try:
+            return truncate_wal(self._engine, path)
+        except (SQLAlchemyError, sqlite3.Error, OSError):
+            return False
 
     def close(self) -> None:
         """Close every pooled connection."""
