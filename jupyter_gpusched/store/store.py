@@ -61,6 +61,7 @@ from jupyter_gpusched.core.models import (
 from .availability import Availability
 from .engine import alembic_config, make_engine, normalize_url, private_folder
 from .eventlog import EventLog
+from .idempotency import IdempotencyKeys
 from .jobcache import JobCache
 from .leader import check_fence
 from .nodes import NodeLedger
@@ -112,7 +113,7 @@ _ORDERS = {
 }
 
 
-class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
+class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, IdempotencyKeys):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters
