@@ -74,9 +74,11 @@ def add_keys(s: Session, made: Sequence[tuple[KeyClaim | None, str, int]], now: 
     if not rows:
         return
     dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(IdempotencyRow.__table__).values(rows).on_conflict_do_nothing()
-    inserted = s.execute(statement).rowcount
-    if inserted != len(rows):
+    table = IdempotencyRow.__table__
+    statement = dialect.insert(table).values(rows).on_conflict_do_nothing()
+    # The rows inserted, counted from RETURNING: psycopg reports no rowcount for this insert.
+    inserted = s.execute(statement.returning(table.c.id)).all()
+    if len(inserted) != len(rows):
         raise KeyTakenError(
             "this Idempotency-Key was used by another request that finished meanwhile"
         )
