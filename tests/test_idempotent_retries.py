@@ -24,7 +24,7 @@ from _fixtures_retrying import (
     tagged_jobs,
 )
 from _fixtures_server import FAR_FUTURE, ServerProcess
-from _fixtures_service import ServiceProcess
+from _fixtures_service import ServiceProcess, client_server
 
 from jupyter_gpusched.client.api import GpuSchedClient, ServerNotFoundError
 
@@ -168,6 +168,29 @@ def test_without_retries_a_cut_submit_is_an_error_not_a_second_job(service: Serv
         with pytest.raises(ServerNotFoundError, match="cannot reach"):
             GpuSchedClient(proxy.url, service.admin_token, post_tries=1).submit(labelled("once"))
     assert len(tagged_jobs(service.store_url, "once")[1]) == 1  # it was made: retry it
+
+
+def test_a_users_server_in_client_mode_passes_the_key_to_the_service(
+    tmp_path: Path,
+) -> None:
+    service = Service(tmp_path / "service", store_url=f"sqlite:///{tmp_path / 's.db'}").start()
+    alice = client_server(tmp_path / "alice", service, service.mint("alice"))
+    try:
+        alice.start()
+        key, body = str(uuid.uuid4()), labelled("forwarded")
+        first = post(alice.url, alice.token, body, key)
+        again = post(alice.url, alice.token, body, key)
+        assert first[1]["id"] == again[1]["id"] and first[1]["user"] == "alice"
+        assert again[2]["Idempotent-Replayed"] == "true"
+        assert again[2]["Location"] == first[2]["Location"]
+        assert tagged_jobs(service.store_url, "forwarded")[1] == {first[1]["id"]}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post(alice.url, alice.token, body, "bad\u0001key")
+        assert refused.value.code == 400
+        refused.value.close()
+    finally:
+        alice.stop()
+        service.stop()
 
 
 # -- the CLI and the magic --------------------------------------------------------------------
