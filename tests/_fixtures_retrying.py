@@ -203,7 +203,7 @@ def retrying_submits(
             report.failed.append(f"{i}: {exc.message}")
     per_label, ids = tagged_jobs(store_url, tag)
     report.duplicates = sum(n - 1 for n in per_label.values())
-    report.missing = [i for i in report.ids if i not in ids]
+    report.missing = [job_id for job_id in report.ids if job_id not in ids]
     return report
 
 
