@@ -161,7 +161,7 @@ async def test_a_failed_group_commit_fails_its_submitters_and_the_next_one_works
     store = mem_harness.sched.store
     real = store.insert_queued  # the thread's commit (the memory harness has no writer)
     monkeypatch.setattr(
-        store, "insert_queued", lambda values: (_ for _ in ()).throw(OSError("disk"))
+        store, "insert_queued", lambda values, claims: (_ for _ in ()).throw(OSError("disk"))
     )
     spec = parse_spec({"kind": "script", "command": ["true"], "user": "alice"})
     failed = await asyncio.gather(

@@ -54,6 +54,7 @@ from jupyter_gpusched.core.errors import (
 )
 from jupyter_gpusched.core.models import Job, JobSpec, stored_spec
 from jupyter_gpusched.core.schedules import cron_words
+from jupyter_gpusched.store.idempotency import KeyClaim, add_keys
 from jupyter_gpusched.store.orm import DefinitionRow, DefinitionRunRow, EventRow
 from jupyter_gpusched.store.rows import add_event_row, add_job_row
 from jupyter_gpusched.store.store import Store
@@ -106,8 +107,12 @@ class Definitions:
         catch_up: str = "skip",
         name: str | None = None,
         paused: bool = False,
+        claim: KeyClaim | None = None,
     ) -> Definition:
-        """Store a new definition; it first fires at the next matching time after now."""
+        """Store a new definition; it first fires at the next matching time after now.
+
+        ``claim``: the request's idempotency key, committed with the definition.
+        """
         check_schedule(schedule, timezone)
         _check_catch_up(catch_up)
         if spec.not_before is not None:
@@ -134,6 +139,7 @@ class Definitions:
             )
             s.add(row)
             s.flush()
+            add_keys(s, [(claim, "definition", row.id)], now)
             detail = {"definition_id": row.id, "action": "created", "user": spec.user}
             add_event_row(s, _event(now, "definition", detail))
             return _definition(row, [])

@@ -43,6 +43,7 @@ from jupyter_gpusched.core.models import (
     JobState,
 )
 from jupyter_gpusched.core.progress import parse_progress, strip_progress
+from jupyter_gpusched.store.idempotency import KeyClaim
 from jupyter_gpusched.store.orm import EventRow, ProgressRow
 from jupyter_gpusched.store.rows import add_event_row
 
@@ -113,10 +114,15 @@ class NotebookPlugin:
         return notebook_command(job, python=_node_python(self.backend, node))
 
     # -- submitting ------------------------------------------------------------------------
-    def submit(self, submission: Submission) -> tuple[Job | None, Any]:
-        """Queue the job, or store the definition for a recurring one: ``(job, definition)``."""
+    def submit(
+        self, submission: Submission, claim: KeyClaim | None = None
+    ) -> tuple[Job | None, Any]:
+        """Queue the job, or store the definition for a recurring one: ``(job, definition)``.
+
+        ``claim``: the request's idempotency key, committed with what it makes.
+        """
         if submission.schedule is None:
-            return self.scheduler.submit(submission.spec), None
+            return self.scheduler.submit(submission.spec, claim), None
         self.scheduler.check_feasible(submission.spec)
         definition = self.definitions.create(
             submission.spec,
@@ -125,6 +131,7 @@ class NotebookPlugin:
             catch_up=submission.catch_up,
             name=submission.name,
             paused=submission.paused,
+            claim=claim,
         )
         return None, definition
 

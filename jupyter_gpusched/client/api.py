@@ -14,9 +14,12 @@ import contextlib
 import glob
 import json
 import os
+import random
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -46,6 +49,8 @@ from jupyter_gpusched.core.units import format_duration_s
 M = TypeVar("M", bound=BaseModel)
 
 URL_ENV, TOKEN_ENV = "GPUSCHED_URL", "GPUSCHED_TOKEN"
+#: The header a create's key travels in (the IETF httpapi draft's name).
+KEY_HEADER = "Idempotency-Key"
 API = "gpusched/api/"
 
 
@@ -53,7 +58,8 @@ class ApiError(GpuSchedError):
     """The server answered an error; ``error``, ``message`` and ``field`` come from its body.
 
     ``retry_after_s``: when the server said to try again (``Retry-After`` of a 429 over a
-    limit, or a 503); the client never repeats a request by itself.
+    limit, or a 503). The client repeats only creates, with their idempotency key
+    (:meth:`GpuSchedClient._call`); a 429 never.
     """
 
     def __init__(
@@ -162,12 +168,30 @@ class GpuSchedClient:
         The server's token ('' when the server has none).
     timeout_s
         Per-request timeout.
+    post_tries
+        How often a create (a ``POST``) is sent, with one ``Idempotency-Key``, when no answer
+        came (the connection broke, the server restarts) or the server said to try again
+        (502, 503, or 409 while the first try is still answered); the waits between tries
+        double from ``retry_backoff_s`` (a ``Retry-After`` is honoured up to ``max_wait_s``).
+        The server answers a repeat with what the first try made: never a second job.
     """
 
-    def __init__(self, url: str, token: str = "", *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str = "",
+        *,
+        timeout_s: float = 30.0,
+        post_tries: int = 6,
+        retry_backoff_s: float = 0.5,
+        max_wait_s: float = 10.0,
+    ) -> None:
         self.url = _slash(url)
         self.token = token
         self.timeout_s = timeout_s
+        self.post_tries = max(1, post_tries)
+        self.retry_backoff_s = retry_backoff_s
+        self.max_wait_s = max_wait_s
 
     @classmethod
     def discover(cls, url: str | None = None, token: str | None = None) -> GpuSchedClient:
@@ -252,8 +276,6 @@ class GpuSchedClient:
 
     def wait(self, job_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> JobView:
         """Block until the job finished (succeeded, failed or cancelled); the job."""
-        import time
-
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             job = self.get_job(job_id)
@@ -373,17 +395,38 @@ class GpuSchedClient:
     def _call(
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None
     ) -> transport.Answer:
-        """One request on this thread's kept connection; an error status raises ApiError."""
+        """One request on this thread's kept connection; an error status raises ApiError.
+
+        A ``POST`` creates: it carries a fresh ``Idempotency-Key`` and is sent again with it
+        while no answer comes (see ``post_tries``).
+        """
         data = None if body is None else json.dumps(body).encode()
         headers = self._headers()
         if data is not None:
             headers["Content-Type"] = "application/json"
-        try:
-            answer = transport.request(
-                method, self._url(path, query), body=data, headers=headers, timeout=self.timeout_s
-            )
-        except transport.Unreachable as err:
-            raise ServerNotFoundError(f"cannot reach {self.url}: {err}") from None
+        tries = 1
+        if method == "POST":
+            headers[KEY_HEADER] = f'"{uuid.uuid4()}"'  # one per create, kept by its repeats
+            tries = self.post_tries
+        url = self._url(path, query)
+        wait_s = self.retry_backoff_s
+        for attempt in range(1, tries + 1):
+            try:
+                answer = transport.request(
+                    method, url, body=data, headers=headers, timeout=self.timeout_s
+                )
+            except transport.Unreachable as err:
+                if attempt == tries:
+                    raise ServerNotFoundError(f"cannot reach {self.url}: {err}") from None
+                time.sleep(wait_s * random.uniform(0.8, 1.2))
+                wait_s *= 2
+                continue
+            if attempt < tries and _try_again(answer):
+                said = _api_error(answer).retry_after_s
+                time.sleep(min(self.max_wait_s, said if said is not None else wait_s))
+                wait_s *= 2
+                continue
+            break
         if answer.status >= 400:
             raise _api_error(answer)
         return answer
@@ -405,6 +448,17 @@ class GpuSchedClient:
 
     def _model(self, model: type[M], method: str, path: str, **kw: Any) -> M:
         return model.model_validate_json(self._call(method, path, **kw).body)
+
+
+def _try_again(answer: transport.Answer) -> bool:
+    """Whether a create's answer says to send it again (with its key): nothing was decided.
+
+    502: a user's server could not reach the lab's service; 503: the service is starting or
+    its store is away; 409 ``InFlightError``: the first try is still being answered.
+    """
+    if answer.status in (502, 503):
+        return True
+    return answer.status == 409 and _api_error(answer).error == "InFlightError"
 
 
 def _api_error(answer: transport.Answer) -> ApiError:

@@ -6,7 +6,8 @@ that was a third of a submit's round trip. Here each thread keeps one connection
 it last asked (``http.client`` objects are not thread-safe), checked before reuse: one the
 server closed meanwhile (a restart, an idle timeout) is replaced before the request is sent. A
 connection that breaks during a request is retried once only for methods that are safe to
-repeat; a ``POST`` is not sent twice. Where an HTTP proxy applies to the server the request
+repeat; a ``POST`` is not sent twice here (the API client repeats a create with its
+``Idempotency-Key``, which makes that safe). Where an HTTP proxy applies to the server the request
 goes through ``urllib`` as before, which honours ``*_proxy`` and ``no_proxy``.
 """
 

@@ -50,6 +50,25 @@ class ConflictError(GpuSchedError):
     status = 409
 
 
+class InFlightError(ConflictError):
+    """A request with this ``Idempotency-Key`` is still being answered; ask again shortly.
+
+    ``retry_after_s``: when (the ``Retry-After`` header).
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class KeyTakenError(ConflictError):
+    """An ``Idempotency-Key`` was written meanwhile by another request (another server).
+
+    Raised by the store in place of the create's commit, which it rolls back; the server then
+    answers that other request's result.
+    """
+
+
 class IllegalTransitionError(ConflictError):
     """A job state change the state machine does not allow."""
 

@@ -41,6 +41,7 @@ from jupyter_gpusched.core.privacy import Viewer
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.availability import off_the_loop
+from jupyter_gpusched.store.idempotency import KeyClaim
 from jupyter_gpusched.store.store import Store
 
 from .health import NodeHealth
@@ -95,18 +96,21 @@ class JobActions:
     def _empty_state(self) -> packer.ClusterState:
         raise NotImplementedError  # the scheduler's
 
-    def submit(self, spec: JobSpec) -> Job:
-        """Queue a job; refuse at once a request no node could ever hold."""
+    def submit(self, spec: JobSpec, claim: KeyClaim | None = None) -> Job:
+        """Queue a job; refuse at once a request no node could ever hold.
+
+        ``claim``: the request's idempotency key, committed with the job.
+        """
         self._admit(spec)
-        job = self.store.add_job(spec)
+        job = self.store.add_job(spec, claim)
         self.wake_for_new()
         return job
 
-    async def submit_grouped(self, spec: JobSpec) -> Job:
+    async def submit_grouped(self, spec: JobSpec, claim: KeyClaim | None = None) -> Job:
         """:meth:`submit` for concurrent callers: committed off the loop, with the others'."""
         self._admit(spec)
         with self._incoming([spec]):
-            return await self._group.submit(spec)
+            return await self._group.submit(spec, claim)
 
     @contextlib.contextmanager
     def _incoming(self, specs: Sequence[JobSpec]) -> Iterator[None]:
@@ -173,7 +177,9 @@ class JobActions:
         self.wake_for_new()
         return jobs
 
-    async def submit_bulk(self, specs: Sequence[JobSpec]) -> list[Job]:
+    async def submit_bulk(
+        self, specs: Sequence[JobSpec], claim: KeyClaim | None = None
+    ) -> list[Job]:
         """Queue several jobs as one array, all or none, without holding up anyone else.
 
         Admitted as :meth:`submit_many` admits them. Up to :data:`BULK_CHUNK` are one
@@ -182,17 +188,18 @@ class JobActions:
         while it is written and released in one statement at the end: none starts unless all
         were queued. If the submit fails, the tasks written so far are cancelled (a server
         killed meanwhile leaves them held; :meth:`cancel_cut_arrays` cancels them later).
+        ``claim``: the request's idempotency key, committed with the array's first task.
         """
         self._admit_all(specs)
         with self._incoming(specs):
-            return await self._write_bulk(specs)
+            return await self._write_bulk(specs, claim)
 
-    async def _write_bulk(self, specs: Sequence[JobSpec]) -> list[Job]:
+    async def _write_bulk(self, specs: Sequence[JobSpec], claim: KeyClaim | None) -> list[Job]:
         if len(specs) <= BULK_CHUNK:
-            jobs = await off_the_loop(self.store.add_jobs, specs, array=True)
+            jobs = await off_the_loop(self.store.add_jobs, specs, array=True, claim=claim)
             self.wake_for_new()
             return jobs
-        head = await off_the_loop(self.store.add_array_head, specs[0])
+        head = await off_the_loop(self.store.add_array_head, specs[0], claim)
         jobs = [head]
         copies = all(spec is specs[0] for spec in specs)  # array: N, the usual flood
         try:

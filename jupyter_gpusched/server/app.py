@@ -184,6 +184,13 @@ class GpuSchedApp(ExtensionApp):
         help="""Largest request body the API reads, in bytes; larger ones are refused with 413.
         The default leaves room for a job's uploaded files (64 MB, base64-encoded).""",
     ).tag(config=True)
+    idempotency_keep_s = Float(
+        86400.0,
+        min=1.0,
+        help="""Seconds a create's Idempotency-Key is kept (a day): a repeat of the request
+        within it gets the first one's answer, never a second job. The leader purges older
+        keys.""",
+    ).tag(config=True)
     max_follows_per_user = Int(
         4,
         min=1,
@@ -307,6 +314,7 @@ class GpuSchedApp(ExtensionApp):
         self.settings["gpusched_admins"] = frozenset(self.admin_users)
         self.settings["gpusched_anonymous_user"] = self.anonymous_user
         self.settings["gpusched_max_request_bytes"] = self.max_request_bytes
+        self.settings["gpusched_idempotency_keep_s"] = self.idempotency_keep_s
         self.settings["gpusched_gate"] = LimitGate.of(self)
         self.settings["gpusched_app"] = self
 

@@ -61,6 +61,7 @@ async def build_scheduler(app: GpuSchedApp) -> tuple[Any, SimCluster | None]:
 
 def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     from jupyter_gpusched.store.engine import exposure
+    from jupyter_gpusched.store.idempotency import KeyPurge
     from jupyter_gpusched.store.store import Store
 
     for warning in exposure(app.store_url):  # a store made before it was created private
@@ -90,6 +91,7 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     for plugin in app.plugin_modules():
         plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
     app.settings["gpusched_gate"].watch(scheduler)  # uploads of ended jobs are removed
+    scheduler.tick_hooks.append(KeyPurge(scheduler.store, app.idempotency_keep_s))
     if "leases" in app.plugins:
         from jupyter_gpusched.leases.bridge import bridge_for
 

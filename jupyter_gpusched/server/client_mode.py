@@ -32,10 +32,18 @@ from jupyter_gpusched.core.errors import BadRequestError, TooManyError
 from . import relay
 from .handlers.base import API, GpuSchedMixin
 from .handlers.events import ListenOnlyWebSocket
+from .idempotency import HEADER as KEY_HEADER
+from .idempotency import REPLAYED_HEADER, parse_key
 from .uploads import inline_files, inline_notebook
 
 #: Headers of the service's answers passed on to the caller.
-_PASS_HEADERS = ("Content-Type", "X-Log-Offset", "Retry-After", "WWW-Authenticate")
+_PASS_HEADERS = (
+    "Content-Type",
+    "X-Log-Offset",
+    "Retry-After",
+    "WWW-Authenticate",
+    REPLAYED_HEADER,
+)
 #: Longest a forwarded request (not a follow) may take.
 _TIMEOUT_S = 60.0
 
@@ -180,6 +188,9 @@ class ForwardHandler(_Forwarding, APIHandler):
         headers = {**self.link.headers()}
         if body is not None:
             headers["Content-Type"] = "application/json"
+        if keys := self.request.headers.get_list(KEY_HEADER):
+            parse_key(keys)  # a malformed key is refused here, as the service would
+            headers[KEY_HEADER] = keys[0]
         request = httpclient.HTTPRequest(
             self.link.api_url(path, self.request.query),
             method=method,

@@ -39,6 +39,14 @@ limit) or the job can never fit, 429 (with `Retry-After`) over one of the caller
 limits, naming it and the caller's count; 502 only when a node cannot be reached; 503 (with
 `Retry-After`) while the scheduler starts or its store is away.
 
+Creates (`POST` of jobs, notebooks, definitions) take an `Idempotency-Key` header (the IETF
+httpapi draft's): a unique string per create, e.g. a UUID, sent again with a repeat of that
+request after a lost answer. The server keeps it with what it made, for the caller, a day
+(`GpuSchedApp.idempotency_keep_s`): a repeat answers the first request's status, `Location`
+and the thing it made as it is now, with `Idempotent-Replayed: true`, and makes nothing twice,
+across restarts and a standby taking over. The key with another route or body answers 422;
+a repeat while the first is still answered 409 with `Retry-After`; a malformed key 400.
+
 Events: a websocket at `gpusched/api/events?after=<event id>` sends one JSON message per
 event (schema `Event`, with the event's job); with `after` it first replays stored events
 newer than that id, so a client resumes after a reconnect (`after=-1`: only new events).
@@ -48,6 +56,18 @@ After changes, at most once a second, a `cluster` message (id null) carries the 
 Generated from the pydantic models in jupyter_gpusched/core/api.py by
 `python -m jupyter_gpusched.server.openapi`; do not edit by hand.
 """
+
+
+#: The header parameter of every create (:mod:`.idempotency`).
+KEY_PARAMETER: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A unique key for this create, sent again with its repeats: 1 to 255 "
+    'printable ASCII characters, as a structured-field string (`"..."`) or bare. A repeat '
+    "gets the first request's answer instead of a second job.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 257},
+}
 
 
 class _Schemas(GenerateJsonSchema):
@@ -141,6 +161,8 @@ def _operation(route: Route, op: Op) -> dict[str, Any]:
             }
             for p in op.query
         ]
+    if op.location:  # a create: it takes a key
+        out.setdefault("parameters", []).append(KEY_PARAMETER)
     if op.body is not None:
         content = {"application/json": {"schema": _ref(op.body)}}
         out["requestBody"] = {"required": True, "content": content}
@@ -160,7 +182,12 @@ def _operation(route: Route, op: Op) -> dict[str, Any]:
         ok["content"] = {"application/json": {"schema": _ref(op.response)}}
     if op.location:
         ok["headers"] = {
-            "Location": {"description": f"Path of {op.location}.", "schema": {"type": "string"}}
+            "Location": {"description": f"Path of {op.location}.", "schema": {"type": "string"}},
+            "Idempotent-Replayed": {
+                "description": "`true` when this answers a repeat of an earlier request with "
+                "the same `Idempotency-Key` (nothing new was made).",
+                "schema": {"type": "string", "enum": ["true"]},
+            },
         }
     responses: dict[str, Any] = {str(op.ok): ok}
     for status in sorted(op.errors):
@@ -183,9 +210,9 @@ def _path_params(path: str) -> list[dict[str, Any]]:
 
 
 def _error(name: str, text: str, content: dict[str, Any]) -> dict[str, Any]:
-    """A shared error response; 429 and 503 say when to try again."""
+    """A shared error response; 409, 429 and 503 say when to try again."""
     out: dict[str, Any] = {"description": text, "content": content}
-    if name in (ERRORS[429][0], ERRORS[503][0]):
+    if name in (ERRORS[409][0], ERRORS[429][0], ERRORS[503][0]):
         out["headers"] = {
             "Retry-After": {
                 "description": "Seconds to wait before trying again.",

@@ -23,7 +23,12 @@ ERRORS: dict[int, tuple[str, str]] = {
     401: ("Unauthorized", "No valid token or cookie."),
     403: ("Forbidden", "Not the job's owner nor an admin, or not authorized for this resource."),
     404: ("NotFound", "No such job, lease or definition (or not a lease)."),
-    409: ("Conflict", "The job's state forbids the change (e.g. it already finished)."),
+    409: (
+        "Conflict",
+        "The job's state forbids the change (e.g. it already finished); on a create, a "
+        "request with the same `Idempotency-Key` is still being answered: send it again after "
+        "`Retry-After` seconds.",
+    ),
     413: (
         "TooLarge",
         "The request body is larger than the server reads (the message says the limit).",
@@ -98,7 +103,9 @@ _PAGE = (
     Param("offset", int_schema(0, api.MAX_OFFSET, 0)),
 )
 _READ, _WRITE = (401, 403, 503), (400, 401, 403, 413, 422, 503)
-_CREATE = (*_WRITE, 429)  # creates count against the caller's per-user limits
+# Creates count against the caller's per-user limits, and answer 409 while a request with
+# their Idempotency-Key is still being answered.
+_CREATE = (*_WRITE, 409, 429)
 
 ROUTES: tuple[Route, ...] = (
     Route(

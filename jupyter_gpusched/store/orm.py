@@ -232,3 +232,22 @@ class LeaderRow(Base):
     epoch: Mapped[int] = mapped_column(Integer)
     renewed_at: Mapped[datetime]
     expires_at: Mapped[datetime]
+
+
+class IdempotencyRow(Base):
+    """An ``Idempotency-Key`` a caller sent with a create, and what that create made.
+
+    Written in the create's own transaction (:mod:`.idempotency`), so the key exists exactly
+    when what it made does; kept ``GpuSchedApp.idempotency_keep_s``, then purged.
+    """
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("owner", "key"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(200))  # keys are the caller's own
+    key: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))  # SHA-256 hex of route and body
+    target: Mapped[str] = mapped_column(String(16))  # what it made: job, array or definition
+    target_id: Mapped[int] = mapped_column(Integer)  # its id (an array's: its first job's)
+    created_at: Mapped[datetime] = mapped_column(index=True)

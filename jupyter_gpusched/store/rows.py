@@ -30,6 +30,7 @@ from jupyter_gpusched.core.models import (
     stored_spec,
 )
 
+from .idempotency import KeyClaim, add_keys
 from .orm import EventRow, JobRow
 
 #: Key of the PostgreSQL advisory lock held from an event's insert to its commit.
@@ -41,15 +42,22 @@ IN_CHUNK = 900
 
 
 def add_job_row(
-    s: Session, spec: JobSpec, now: datetime, *, detail: Mapping[str, Any] | None = None
+    s: Session,
+    spec: JobSpec,
+    now: datetime,
+    *,
+    detail: Mapping[str, Any] | None = None,
+    claim: KeyClaim | None = None,
 ) -> JobRow:
     """Insert a queued job and its ``submitted`` event in an open session.
 
     For callers that write more in the same transaction, e.g. a definition's firing.
+    ``claim``: the request's idempotency key, written with the job (:mod:`.idempotency`).
     """
     row = JobRow(**queued_values(spec, now))
     s.add(row)
     s.flush()
+    add_keys(s, [(claim, "job", row.id)], now)
     event = EventRow(
         at=now,
         job_id=row.id,
@@ -63,7 +71,13 @@ def add_job_row(
 
 
 def add_job_rows(
-    s: Session, specs: Sequence[JobSpec], now: datetime, *, array: bool, held: str | None = None
+    s: Session,
+    specs: Sequence[JobSpec],
+    now: datetime,
+    *,
+    array: bool,
+    held: str | None = None,
+    claim: KeyClaim | None = None,
 ) -> list[QueuedRow]:
     """Insert queued jobs and their ``submitted`` events in an open session, in few statements.
 
@@ -72,7 +86,9 @@ def add_job_rows(
     batch. Core inserts, not ORM objects: building and flushing thousands of those was most of
     a bulk submit. Returns what the job cache keeps of each row (so no caller reads it back).
     ``held``: queue them held, with this reason (the first tasks of a big array).
+    ``claim``: the request's idempotency key, written for the array (``array`` only).
     """
+    assert claim is None or array, "a key names one thing made: a job, or an array"
     hold = {"held": held is not None, "reason": held}
     if not specs:
         return []
@@ -91,6 +107,7 @@ def add_job_rows(
         ids = [head, *_insert_jobs(s, values)]
         versions = [FIRST_VERSION + 1] + [FIRST_VERSION] * len(values)
         spec_jsons = [head_json, *(v["spec"] for v in values)]
+        add_keys(s, [(claim, "array", head)], now)
         add_event_rows(s, _submitted_events(ids, [(spec.user, now) for spec in specs]))
     else:
         values = [queued_values(spec, now, **hold) for spec in specs]
@@ -100,12 +117,20 @@ def add_job_rows(
     return [QueuedRow(*row) for row in zip(ids, versions, specs, spec_jsons, strict=True)]
 
 
-def insert_queued_rows(s: Session, values: Sequence[Mapping[str, Any]]) -> list[int]:
+def insert_queued_rows(
+    s: Session,
+    values: Sequence[Mapping[str, Any]],
+    claims: Sequence[KeyClaim | None] | None = None,
+) -> list[int]:
     """Insert queued jobs' rows (:func:`queued_values`) and their ``submitted`` events.
 
     Their ids, in order. A store writer process does this with the values a server sends it.
+    ``claims``: each job's idempotency key (or None), written with it.
     """
     ids = _insert_jobs(s, list(values))
+    if claims:
+        made = [(claim, "job", job_id) for claim, job_id in zip(claims, ids, strict=True)]
+        add_keys(s, made, values[0]["submitted_at"])
     add_event_rows(
         s,
         _submitted_events(ids, [(v["username"], v["submitted_at"]) for v in values]),

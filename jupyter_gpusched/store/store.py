@@ -70,6 +70,7 @@ from .engine import (
     truncate_wal,
 )
 from .eventlog import EventLog
+from .idempotency import IdempotencyKeys
 from .jobcache import JobCache
 from .leader import check_fence
 from .nodes import NodeLedger
@@ -121,7 +122,7 @@ _ORDERS = {
 }
 
 
-class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger):
+class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, IdempotencyKeys):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters

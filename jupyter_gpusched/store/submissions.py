@@ -12,14 +12,15 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.models import ARRAY_BEING_QUEUED, Job, JobSpec, JobState
 
+from .idempotency import KeyClaim
 from .jobcache import JobCache, copy_job
-from .orm import JobRow
+from .orm import IdempotencyRow, JobRow
 from .rows import (
     FIRST_VERSION,
     add_event_rows,
@@ -41,19 +42,25 @@ class Submissions:
 
     write_session: Callable[..., AbstractContextManager[Session]]  # the store's
 
-    def add_job(self, spec: JobSpec) -> Job:
-        """Queue a new job and log ``submitted``."""
+    def add_job(self, spec: JobSpec, claim: KeyClaim | None = None) -> Job:
+        """Queue a new job and log ``submitted``; ``claim``: its request's idempotency key."""
         with self.write_session() as s:
-            return job_from_row(add_job_row(s, spec, self._clock.now()))
+            return job_from_row(add_job_row(s, spec, self._clock.now(), claim=claim))
 
-    def add_jobs(self, specs: Sequence[JobSpec], *, array: bool = False) -> list[Job]:
-        """Queue several jobs in one transaction (a bulk submit); ``array``: as one array."""
+    def add_jobs(
+        self, specs: Sequence[JobSpec], *, array: bool = False, claim: KeyClaim | None = None
+    ) -> list[Job]:
+        """Queue several jobs in one transaction (a bulk submit); ``array``: as one array.
+
+        ``claim``: the request's idempotency key, committed with the array.
+        """
         if not array:
+            assert claim is None, "a key names one thing made: a job, or an array"
             values = self.queued_values(specs)
             return self.queued(specs, values, self.insert_queued(values))
         now = self._clock.now()
         with self.write_session() as s:
-            rows = add_job_rows(s, specs, now, array=True)
+            rows = add_job_rows(s, specs, now, array=True, claim=claim)
         for row in rows:  # the next pass and the events window read them from here
             self._cache.keep(queued_job(row.id, row.spec, now), row.version, row.spec_json)
         return [queued_job(row.id, row.spec, now) for row in rows]
@@ -67,10 +74,17 @@ class Submissions:
         now = self._clock.now()
         return [queued_values(spec, now, held=held, reason=reason) for spec in specs]
 
-    def insert_queued(self, values: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Insert :meth:`queued_values` and their events in one transaction; the new ids."""
+    def insert_queued(
+        self,
+        values: Sequence[Mapping[str, Any]],
+        claims: Sequence[KeyClaim | None] | None = None,
+    ) -> list[int]:
+        """Insert :meth:`queued_values` and their events in one transaction; the new ids.
+
+        ``claims``: each job's idempotency key or None, committed with it.
+        """
         with self.write_session() as s:
-            return insert_queued_rows(s, values)
+            return insert_queued_rows(s, values, claims)
 
     def queued(
         self, specs: Sequence[JobSpec], values: Sequence[Mapping[str, Any]], ids: Sequence[int]
@@ -93,11 +107,15 @@ class Submissions:
     # JobActions.submit_bulk`): its head, its tasks held while they are written, then all
     # released in one statement -- or, if the submit fails, all cancelled.
 
-    def add_array_head(self, spec: JobSpec) -> Job:
-        """Queue the first task of a big array, held until :meth:`release_array`."""
+    def add_array_head(self, spec: JobSpec, claim: KeyClaim | None = None) -> Job:
+        """Queue the first task of a big array, held until :meth:`release_array`.
+
+        ``claim``: the request's key, written with the head: a retry while the array is
+        written is told to wait, and one after it was cut off finds the key gone with it.
+        """
         now = self._clock.now()
         with self.write_session() as s:
-            (row,) = add_job_rows(s, [spec], now, array=True, held=ARRAY_BEING_QUEUED)
+            (row,) = add_job_rows(s, [spec], now, array=True, held=ARRAY_BEING_QUEUED, claim=claim)
         job = queued_job(row.id, row.spec, now, True, ARRAY_BEING_QUEUED)
         self._cache.keep(job, row.version, row.spec_json)
         return queued_job(row.id, row.spec, now, True, ARRAY_BEING_QUEUED)
@@ -128,7 +146,7 @@ class Submissions:
 
         ``array_id``: that array's (a submit that failed); else every array whose last task
         was written before ``before``, so that an array another server is still writing is
-        left alone.
+        left alone. The arrays' idempotency keys go with them: a retry queues it afresh.
         """
         table = JobRow.__table__
         now = self._clock.now()
@@ -159,6 +177,11 @@ class Submissions:
                     reason=why,
                     finished_at=now,
                     version=table.c.version + 1,
+                )
+            )
+            s.execute(
+                delete(IdempotencyRow).where(
+                    IdempotencyRow.target == "array", IdempotencyRow.target_id.in_(arrays)
                 )
             )
             add_event_rows(

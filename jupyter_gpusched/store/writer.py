@@ -42,6 +42,7 @@ from .availability import for_the_loop, off_the_loop
 from .leader import current_fence, fenced
 
 if TYPE_CHECKING:
+    from .idempotency import KeyClaim
     from .reasons import ReasonChange
     from .store import Store
 
@@ -87,11 +88,18 @@ class StoreWriter:
         return False
 
     async def insert_queued(
-        self, values: Sequence[Mapping[str, Any]], fence: tuple[str, int] | None
+        self,
+        values: Sequence[Mapping[str, Any]],
+        claims: Sequence[KeyClaim | None] | None,
+        fence: tuple[str, int] | None,
     ) -> list[int]:
-        """Insert queued jobs' rows and their events in one transaction; their new ids."""
-        unknown = "whether these jobs were queued is unknown: list your jobs before submitting"
-        return list(await self._call("insert", list(values), fence, f"{unknown} them again"))
+        """Insert queued jobs' rows, their keys and events in one transaction; their new ids."""
+        unknown = (
+            "whether these jobs were queued is unknown: submit again with the same "
+            "Idempotency-Key, or list your jobs before submitting them again"
+        )
+        payload = (list(values), None if claims is None else list(claims))
+        return list(await self._call("insert", payload, fence, unknown))
 
     async def write_reasons(
         self, reasons: Mapping[int, str | None], fence: tuple[str, int] | None
@@ -220,7 +228,8 @@ def _answer(store: Store, op: str, payload: Any, fence: tuple[str, int] | None) 
             if fence is not None:
                 stack.enter_context(fenced(*fence))
             if op == "insert":
-                return (True, store.insert_queued(payload))
+                values, claims = payload
+                return (True, store.insert_queued(values, claims))
             if op == "reasons":
                 return (True, store.write_reasons(payload))
             return (False, RuntimeError(f"the store writer has no operation {op!r}"))

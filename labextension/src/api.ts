@@ -49,11 +49,26 @@ export class GpuschedClient {
   }
 
   private async fetch(path: string, init: RequestInit = {}, query = {}): Promise<Response> {
-    let response: Response;
-    try {
-      response = await ServerConnection.makeRequest(this.url(path, query), init, this.settings);
-    } catch (err) {
-      throw new GpuschedApiError(0, 'NetworkError', `cannot reach the Jupyter server: ${err}`);
+    const url = this.url(path, query);
+    let tries = 1;
+    if (init.method === 'POST') {
+      // A create carries a key of its own, kept by its repeats: when the answer is lost (the
+      // network, a server restart), sending it again makes nothing twice.
+      const headers = new Headers(init.headers);
+      headers.set('Idempotency-Key', `"${newKey()}"`);
+      init = { ...init, headers };
+      tries = POST_TRIES;
+    }
+    let response: Response | undefined;
+    for (let attempt = 1; response === undefined; attempt++) {
+      try {
+        response = await ServerConnection.makeRequest(url, init, this.settings);
+      } catch (err) {
+        if (attempt >= tries) {
+          throw new GpuschedApiError(0, 'NetworkError', `cannot reach the Jupyter server: ${err}`);
+        }
+        await sleep(500 * 2 ** (attempt - 1));
+      }
     }
     if (!response.ok) {
       let body: Partial<IApiError> = {};
@@ -323,4 +338,21 @@ export class EventStream {
     this.socket = null;
     this.onStatus('closed');
   }
+}
+
+/** How often a create is sent when no answer comes (with one `Idempotency-Key`). */
+const POST_TRIES = 4;
+
+/** A fresh idempotency key: a random UUID (any unique string would do). */
+function newKey(): string {
+  if (typeof crypto !== 'undefined' && typeof crypto.randomUUID === 'function') {
+    return crypto.randomUUID();
+  }
+  const hex = (n: number) =>
+    Array.from({ length: n }, () => Math.floor(Math.random() * 16).toString(16)).join('');
+  return `${hex(8)}-${hex(4)}-${hex(4)}-${hex(4)}-${hex(12)}`;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise(resolve => setTimeout(resolve, ms));
 }

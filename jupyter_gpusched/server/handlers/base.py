@@ -93,8 +93,9 @@ class GpuSchedMixin:
         self.set_status(status)  # type: ignore[attr-defined]
         if status == 401:
             self.set_header("WWW-Authenticate", "token")  # type: ignore[attr-defined]
-        if status in (429, 503):  # over a limit, or the store is away: say when to try again
-            retry_s = getattr(exc, "retry_after_s", None) or 5.0
+        retry_s = getattr(exc, "retry_after_s", None)
+        if status in (429, 503) or retry_s:  # over a limit, the store away, a request in flight
+            retry_s = retry_s or 5.0
             self.set_header("Retry-After", str(max(1, math.ceil(retry_s))))  # type: ignore[attr-defined]
         self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
         self.finish(body.model_dump_json())  # type: ignore[attr-defined]

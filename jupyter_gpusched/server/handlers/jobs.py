@@ -26,10 +26,19 @@ from jupyter_gpusched.core.api import (
 )
 from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
 from jupyter_gpusched.core.limits import refusal
-from jupyter_gpusched.core.models import Job, JobKind, JobSpec, JobState, parse_spec
+from jupyter_gpusched.core.models import (
+    ARRAY_BEING_QUEUED,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    parse_spec,
+)
 from jupyter_gpusched.scheduling.timeline import timeline
 from jupyter_gpusched.store.availability import off_the_loop
+from jupyter_gpusched.store.idempotency import KeyClaim, KeyRecord
 
+from ..idempotency import create_once, in_flight
 from ..uploads import PendingUploads
 from .base import API, ID, ApiHandler, enum_arg, job_id_arg
 
@@ -75,9 +84,20 @@ class JobsHandler(ApiHandler):
         (in chunks others' requests go between, see ``submit_bulk``), answered as a
         :class:`~jupyter_gpusched.core.api.JobArray`.
         Files sent with the jobs are written only once every job was checked, and removed
-        again when the submit fails (``on_finish``).
+        again when the submit fails (``on_finish``). With an ``Idempotency-Key``, a repeat
+        gets the first submit's answer (:mod:`..idempotency`).
         """
         sched = await self.scheduler()
+
+        async def submit(claim: KeyClaim | None) -> None:
+            await self._submit(sched, claim)
+
+        async def replay(made: KeyRecord) -> None:
+            await self._replay(sched, made)
+
+        await create_once(self, sched, "jobs", submit, replay)
+
+    async def _submit(self, sched: Any, claim: KeyClaim | None) -> None:
         body = self.json_body()
         self._check_limits(sched, body)
         self._uploads: list[PendingUploads] = []
@@ -85,20 +105,31 @@ class JobsHandler(ApiHandler):
         if isinstance(body, list):
             specs = self._specs(body)
             self._write_uploads()
-            jobs = await sched.submit_bulk(specs)
+            jobs = await sched.submit_bulk(specs, claim)
         else:
             count = body.pop("array", None) if isinstance(body, dict) else None
             _check_array(count)
             spec = self._spec(body)
             self._write_uploads()
             if count is None:
-                job = await sched.submit_grouped(spec)
-                where = url_path_join(self.base_url, API, "jobs", str(job.id))
-                self.set_header("Location", where)
-                self.write_model(sched.job_view(job, self.viewer), status=201)
+                self._write_job(sched, await sched.submit_grouped(spec, claim))
                 return
-            jobs = await sched.submit_bulk([spec] * count)
+            jobs = await sched.submit_bulk([spec] * count, claim)
         await self._write_array(sched, jobs)
+
+    async def _replay(self, sched: Any, made: KeyRecord) -> None:
+        """The answer of the submit that stored ``made``: its job, or its array, as now."""
+        if made.target == "job":
+            self._write_job(sched, sched.get_job(made.target_id))
+            return
+        jobs, _ = await off_the_loop(sched.list_jobs, array_id=made.target_id, limit=None)
+        if jobs and jobs[0].held and jobs[0].reason == ARRAY_BEING_QUEUED:
+            raise in_flight()  # its tasks are still being written
+        await self._write_array(sched, jobs)
+
+    def _write_job(self, sched: Any, job: Job) -> None:
+        self.set_header("Location", url_path_join(self.base_url, API, "jobs", str(job.id)))
+        self.write_model(sched.job_view(job, self.viewer), status=201)
 
     def _check_limits(self, sched: Any, body: Any) -> None:
         """The caller's limits, before anything is written: rate, bulk size, room in the queue.

@@ -28,7 +28,9 @@ from jupyter_gpusched.core.api import (
     parse_body,
 )
 from jupyter_gpusched.core.errors import ForbiddenError, InvalidSpecError, NotFoundError
+from jupyter_gpusched.store.idempotency import KeyClaim, KeyRecord
 
+from ..idempotency import create_once
 from ..outputs import output_path
 from ..uploads import kept_notebook
 from .base import API, ApiHandler, job_id_arg
@@ -53,12 +55,13 @@ class _NotebookApi(ApiHandler):
             return os.path.join(self.user_files_dir(user), "notebooks")
         return self.server_root()
 
-    async def submit(self, *, recurring: bool | None) -> tuple[Any, Any]:
+    async def submit(self, *, recurring: bool | None, claim: KeyClaim | None) -> tuple[Any, Any]:
         """Check the request, queue its job or store its definition: ``(job, definition)``.
 
         A notebook sent with its ``content`` is kept in the caller's notebook directory (the
         lab-wide service keeps it there, so a definition fires without its owner's server);
-        when the request is refused after all, the directory is left as it was.
+        when the request is refused after all, the directory is left as it was. ``claim``:
+        the request's idempotency key, committed with what it makes.
         """
         plugin = await self.plugin()
         sched = plugin.scheduler
@@ -93,7 +96,7 @@ class _NotebookApi(ApiHandler):
             )
             if submission.schedule is None:  # a job now or later, not a definition
                 sched.check_room(mine, jobs=1)
-            answer = plugin.submit(submission)
+            answer = plugin.submit(submission, claim)
         if content is not None and self.mode == "service":
             self.gate.uploads.added(self.username, len(self.request.body))
         return answer  # type: ignore[no-any-return]
@@ -107,7 +110,19 @@ class NotebooksHandler(_NotebookApi):
     async def post(self) -> None:
         """Queue the job (``at``: now/tonight/window/ISO) or store a definition (cron)."""
         plugin = await self.plugin()
-        job, definition = await self.submit(recurring=None)
+
+        async def create(claim: KeyClaim | None) -> None:
+            self._answer(plugin, *await self.submit(recurring=None, claim=claim))
+
+        async def replay(made: KeyRecord) -> None:
+            if made.target == "job":
+                self._answer(plugin, plugin.scheduler.get_job(made.target_id), None)
+            else:
+                self._answer(plugin, None, plugin.definitions.get(made.target_id))
+
+        await create_once(self, plugin.scheduler, "notebooks", create, replay)
+
+    def _answer(self, plugin: NotebookPlugin, job: Any, definition: Any) -> None:
         if job is not None:
             where = url_path_join(self.base_url, API, "jobs", str(job.id))
         else:
@@ -138,7 +153,18 @@ class DefinitionsHandler(_NotebookApi):
     @authorized
     async def post(self) -> None:
         """A new recurring notebook job; ``schedule`` (cron) is required."""
-        _, definition = await self.submit(recurring=True)
+        plugin = await self.plugin()
+
+        async def create(claim: KeyClaim | None) -> None:
+            _, definition = await self.submit(recurring=True, claim=claim)
+            self._answer(definition)
+
+        async def replay(made: KeyRecord) -> None:
+            self._answer(plugin.definitions.get(made.target_id))
+
+        await create_once(self, plugin.scheduler, "definitions", create, replay)
+
+    def _answer(self, definition: Any) -> None:
         self.set_header(
             "Location", url_path_join(self.base_url, API, "definitions", str(definition.id))
         )
