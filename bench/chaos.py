@@ -6,7 +6,10 @@ night rules in force, 200 batch jobs of 0.2-4 s on 1, 2 or 4 GPUs with ``retries
 service killed with kill -9 (half of the kills the moment a job is being launched) and started
 again at once. Prints one table row per store and window: jobs lost, run twice, wrong final
 states, GPUs held at the end with nothing running, GPU overlaps, and the time from restart to
-the API answering (median / max).
+the API answering (median / max). Meanwhile a retrying client (the project's API client, which
+retries a create with its ``Idempotency-Key`` when no answer comes) makes ``--retrying``
+more creates one after another; its column says how many were answered and how many jobs the
+store holds beyond one per create (duplicates).
 
 ``--blips N`` runs the network side instead: each node reached through a loopback forwarder
 whose line is cut N times for 4-12 s, a node with running jobs each time (less than the
@@ -37,8 +40,9 @@ from _fixtures_postgres import _Cluster, _find_bindir, create_database  # noqa: 
 
 HEADER = (
     "| store | window | jobs | kill -9 | lost | run twice | wrong final state | GPUs held "
-    "| GPU overlaps | restart → answering (median / max) | of which scheduler start | run |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| GPU overlaps | restart → answering (median / max) | of which scheduler start "
+    "| retrying client | run |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -48,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only", help="one of sqlite-day, sqlite-night, postgres-day, postgres-night")
+    p.add_argument(
+        "--retrying", type=int, default=100, help="creates a retrying client makes meanwhile"
+    )
     p.add_argument("--blips", type=int, default=0, help="cut the nodes' lines N times instead")
     args = p.parse_args(argv)
     if args.blips:
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed=args.seed + n,
                     runtime_s=(0.2, 4.0),
                     timeout_s=1200.0,
+                    retrying=args.retrying,
                 )
             finally:
                 nodes.stop()

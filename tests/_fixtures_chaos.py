@@ -9,6 +9,10 @@ would run again and be counted.
 
 Half of the kills are aimed at the launch window: the service is killed the moment the store
 shows a job ``starting`` (written as placed, its launch not yet recorded as done).
+
+With ``retrying``, a client submits that many more jobs one after another *while* the kills
+land (:func:`_fixtures_retrying.retrying_submits`): a create cut after its commit is retried
+with its ``Idempotency-Key``, and every job beyond one per create is a duplicate.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import random
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from _fixtures_failover import audit, job_spec
+from _fixtures_retrying import RetryingReport, retrying_submits
 from _fixtures_service import ServiceProcess
 from sqlalchemy import create_engine, text
 
@@ -59,11 +65,13 @@ class ChaosReport:
     scheduler_start_s: list[float] = field(default_factory=list)  # of which: server up -> ready
     elapsed_s: float = 0.0
     details: dict[int, list[str]] = field(default_factory=dict)  # what went wrong, per job
+    retrying: RetryingReport | None = None  # the retrying client's creates, if one ran
 
     @property
     def clean(self) -> bool:
         """Nothing lost, repeated, overlapping, wrongly ended or left holding GPUs."""
-        return not (
+        retried = self.retrying is None or (self.retrying.clean and not self.retrying.failed)
+        return retried and not (
             self.not_succeeded or self.lost or self.run_twice or self.overlaps or self.gpus_held
         )
 
@@ -76,8 +84,16 @@ class ChaosReport:
             f"({self.kills_in_launch} in a launch) | {len(self.lost)} | {len(self.run_twice)} | "
             f"{len(self.not_succeeded)} | {len(self.gpus_held)} | {len(self.overlaps)} | "
             f"{waits[len(waits) // 2]:.1f} / {waits[-1]:.1f} s | "
-            f"{starts[len(starts) // 2]:.1f} / {starts[-1]:.1f} s | {self.elapsed_s:.0f} s |"
+            f"{starts[len(starts) // 2]:.1f} / {starts[-1]:.1f} s | {self.retried()} | "
+            f"{self.elapsed_s:.0f} s |"
         )
+
+    def retried(self) -> str:
+        """The retrying client's column: creates answered of asked, duplicates, missing."""
+        r = self.retrying
+        if r is None:
+            return "-"
+        return f"{r.submitted}/{r.jobs}, {r.duplicates} duplicates, {len(r.missing)} missing"
 
 
 def _stamp(log: str, marker: str) -> float | None:
@@ -121,8 +137,12 @@ def run_chaos(
     seed: int,
     runtime_s: tuple[float, float] = (0.2, 3.0),
     timeout_s: float = 600.0,
+    retrying: int = 0,
 ) -> ChaosReport:
-    """Submit ``jobs``, kill -9 and restart the service ``kills`` times, wait, audit."""
+    """Submit ``jobs``, kill -9 and restart the service ``kills`` times, wait, audit.
+
+    ``retrying``: creates a retrying client makes meanwhile (their jobs are audited too).
+    """
     runs = root / "runs"
     runs.mkdir(parents=True)
     rng = random.Random(seed)
@@ -145,6 +165,7 @@ def run_chaos(
         for _ in range(jobs):
             spec = job_spec(runs, rng.uniform(*runtime_s), rng.choice((1, 1, 1, 2, 4)))
             ids.append(service.api("POST", "jobs", {**spec, "retries": 2}, token=token)["id"])
+        client = _retrying_client(service, runs, store_url, retrying, rng.random(), runtime_s)
         for k in range(kills):
             if k % 2 == 0:  # aimed: the moment a launch is under way
                 deadline = time.monotonic() + 10
@@ -161,6 +182,9 @@ def run_chaos(
             service.start()
             report.restart_to_answer_s.append(time.monotonic() - restarted)
             report.scheduler_start_s.append(_scheduler_start_s(service))
+        if client is not None:
+            report.retrying = client.join()
+            ids += report.retrying.ids
         deadline = time.monotonic() + timeout_s
         while True:
             listed = service.api("GET", "jobs?limit=1000", token=token)["jobs"]
@@ -194,3 +218,46 @@ def run_chaos(
     finally:
         service.stop()
         engine.dispose()
+
+
+class _RetryingClient(threading.Thread):
+    """:func:`retrying_submits` in a thread of its own, beside the kills."""
+
+    def __init__(self, target: Any) -> None:
+        super().__init__(daemon=True, name="retrying-client")
+        self._target_fn = target
+        self.report: RetryingReport | None = None
+
+    def run(self) -> None:
+        self.report = self._target_fn()
+
+    def join(self, timeout: float | None = 600.0) -> RetryingReport:  # type: ignore[override]
+        super().join(timeout)
+        assert self.report is not None, "the retrying client did not finish"
+        return self.report
+
+
+def _retrying_client(
+    service: ServiceProcess,
+    runs: Path,
+    store_url: str,
+    creates: int,
+    seed: float,
+    runtime_s: tuple[float, float],
+) -> _RetryingClient | None:
+    if not creates:
+        return None
+    rng = random.Random(seed)
+    specs = [{**job_spec(runs, rng.uniform(*runtime_s), 1), "retries": 2} for _ in range(creates)]
+    client = _RetryingClient(
+        lambda: retrying_submits(
+            service.url,
+            service.admin_token,
+            jobs=creates,
+            store_url=store_url,
+            spec=lambda i: specs[i],
+            tag="chaos",
+        )
+    )
+    client.start()
+    return client

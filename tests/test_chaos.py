@@ -51,8 +51,11 @@ def test_kill_9_at_random_moments_loses_repeats_and_leaks_nothing(
         kills=2,
         seed=15,
         runtime_s=(0.2, 1.0),
+        retrying=8,
     )
     print(report.line())
+    assert report.retrying is not None and report.retrying.failed == [], report.retrying
+    assert report.retrying.clean, report.retrying  # every create made exactly one job
     assert report.kills == 2 and report.kills_in_launch >= 1
     assert report.lost == [] and report.run_twice == [], report
     assert report.not_succeeded == {} and report.overlaps == [], report
