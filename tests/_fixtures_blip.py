@@ -237,29 +237,34 @@ def _long_cut(
     report: BlipReport,
     engine: Any,
 ) -> None:
-    """Cut one busy node's line past the grace; count re-adopted and stopped attempts."""
+    """Cut busy nodes' lines past the grace; count re-adopted and stopped attempts.
+
+    Two jobs can run only on the T4 node (their retries cannot start while it is away: the
+    attempts still running there are re-adopted when it is back) and two anywhere but there
+    (their retries start elsewhere: the attempts on the cut node are stopped when it is back).
+    """
     token = service.admin_token
     long_s = grace_s * 3 + 10  # runs through the cut, the grace and the return
-    ids = [
-        service.api("POST", "jobs", {**job_spec(runs, long_s, 1), "retries": 1}, token=token)["id"]
-        for _ in range(4)
-    ]
+    groups = {"pinned": ["T4"], "free": ["V100-32GB", "A100-80GB"]}
+    ids: dict[str, list[int]] = {}
+    for group, models in groups.items():
+        spec = {**job_spec(runs, long_s, 1), "retries": 1, "gpu_models": models}
+        ids[group] = [service.api("POST", "jobs", spec, token=token)["id"] for _ in range(2)]
+    every = [i for group in ids.values() for i in group]
     deadline = time.monotonic() + 120
     while True:
         listed = service.api("GET", "jobs?state=running&limit=1000", token=token)["jobs"]
-        running = {j["id"]: j for j in listed if j["id"] in ids}
-        if len(running) == len(ids) or time.monotonic() > deadline:
+        running = {j["id"]: j for j in listed if j["id"] in every}
+        if len(running) == len(every) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    by_node: dict[str, list[int]] = {}
-    for job in running.values():
-        by_node.setdefault(job["placement"]["node"], []).append(job["id"])
-    node = max(by_node, key=lambda n: len(by_node[n]))
-    report.long_cut_jobs = len(by_node[node])
-    lines.cut(node)
+    cut = sorted({running[i]["placement"]["node"] for i in every if i in running})
+    report.long_cut_jobs = len(running)
+    for node in cut:
+        lines.cut(node)
     time.sleep(grace_s + 5 + rng.uniform(0, 2))
-    lines.restore(node)
-    _ended(service, ids, long_s * 3 + 120)
-    cut = set(by_node[node])
-    report.readopted = len(cut & _reasons(engine, "re-adopted"))
-    report.stopped_copies = len({j for j, d in _events(engine, "kill") if j in cut})
+    for node in cut:
+        lines.restore(node)
+    _ended(service, every, long_s * 3 + 120)
+    report.readopted = len(set(every) & _reasons(engine, "re-adopted"))
+    report.stopped_copies = len({j for j, _ in _events(engine, "kill") if j in every})
