@@ -194,3 +194,19 @@ async def test_a_returning_node_stops_an_earlier_attempt_whose_retry_runs_with_a
     assert sched.get_job(job_id).state is JobState.RUNNING  # the retry goes on
     marker.touch()
     await tick_until(sched, lambda: sched.get_job(job_id).state is JobState.SUCCEEDED)
+
+
+async def test_a_cancel_that_cannot_reach_a_suspect_node_is_sent_when_it_answers(
+    sim: SimCluster, sched: Scheduler, tmp_path: Path
+) -> None:
+    job_id = submit_waiting(sched, tmp_path / "never", gpu_models=["T4"], retries=1)
+    first = await running(sched, job_id)
+    await cut(sched, sim, "t4-0")
+    answered = await sched.cancel(job_id, user="ann")
+    assert answered.state is JobState.RUNNING  # recorded; the node cannot be told yet
+    assert str(answered.reason).startswith("cancelling:") and "t4-0" in str(answered.reason)
+    await back(sched, sim, "t4-0")
+    await tick_until(sched, lambda: sched.get_job(job_id).state is JobState.CANCELLED)
+    (kill,) = [e for e in sched.store.list_events(job_id=job_id) if e.kind == "kill"][-1:]
+    assert kill.detail["node"] == "t4-0" and kill.detail["why"] == "cancelled by ann"
+    assert sched.get_job(job_id).attempt == first.attempt  # stopped, never requeued
