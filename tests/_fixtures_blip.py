@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _fixtures_chaos import ENDED, _story
+from _fixtures_chaos import job_story, wait_ended
 from _fixtures_failover import audit, job_spec
 from _fixtures_proxy import CuttableProxy
 from _fixtures_service import ServiceProcess
@@ -140,19 +140,6 @@ def _busy_node(service: ServiceProcess, rng: random.Random, calm: dict[str, floa
     return rng.choice(ready) if ready else None
 
 
-def _ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dict[int, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        listed = service.api("GET", "jobs?limit=1000", token=service.admin_token)["jobs"]
-        found = {j["id"]: j for j in listed}
-        if all(found[i]["state"] in ENDED for i in ids):
-            return found
-        if time.monotonic() > deadline:
-            stuck = {i: found[i]["state"] for i in ids if found[i]["state"] not in ENDED}
-            raise AssertionError(f"jobs did not end within {timeout_s:.0f} s: {stuck}")
-        time.sleep(0.5)
-
-
 def run_blips(
     root: Path,
     *,
@@ -206,7 +193,7 @@ def run_blips(
             calm[name] = time.monotonic() + grace_s
             report.blips += 1
             report.blip_s.append(cut_s)
-        found = _ended(service, ids, timeout_s)
+        found = wait_ended(service, ids, timeout_s)
         report.elapsed_s = time.monotonic() - began
         seen = audit(runs)
         for i in ids:
@@ -218,7 +205,7 @@ def run_blips(
         report.killed = sorted({j for j, _ in _events(engine, "kill")})
         report.overlaps = seen.overlaps
         for i in {*report.run_twice, *report.lost, *report.not_succeeded, *report.killed}:
-            report.details[i] = _story(engine, runs, i)
+            report.details[i] = job_story(engine, runs, i)
         if long_cut:
             _long_cut(service, lines, runs, rng, grace_s, report, engine)
         return report
@@ -265,6 +252,6 @@ def _long_cut(
     time.sleep(grace_s + 5 + rng.uniform(0, 2))
     for node in cut:
         lines.restore(node)
-    _ended(service, every, long_s * 3 + 120)
+    wait_ended(service, every, long_s * 3 + 120)
     report.readopted = len(set(every) & _reasons(engine, "re-adopted"))
     report.stopped_copies = len({j for j, _ in _events(engine, "kill") if j in every})

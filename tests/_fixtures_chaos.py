@@ -109,7 +109,7 @@ def _scheduler_start_s(service: ServiceProcess) -> float:
     return ready - up if up is not None and ready is not None else float("nan")
 
 
-def _story(engine: Any, runs: Path, job_id: int) -> list[str]:
+def job_story(engine: Any, runs: Path, job_id: int) -> list[str]:
     """A job's audit log from the store and its runs as the nodes saw them."""
     query = text(
         "SELECT at, kind, from_state, to_state, detail FROM events WHERE job_id = :j ORDER BY id"
@@ -118,6 +118,20 @@ def _story(engine: Any, runs: Path, job_id: int) -> list[str]:
         lines = [" ".join(str(x) for x in row) for row in conn.execute(query, {"j": job_id})]
     path = runs / f"{job_id}.runs"
     return lines + (path.read_text().splitlines() if path.exists() else [])
+
+
+def wait_ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dict[int, Any]:
+    """Every job as the API shows it, once all of ``ids`` ended (within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = service.api("GET", "jobs?limit=1000", token=service.admin_token)["jobs"]
+        found = {j["id"]: j for j in listed}
+        if all(found[i]["state"] in ENDED for i in ids):
+            return found
+        if time.monotonic() > deadline:
+            stuck = {i: found[i]["state"] for i in ids if found[i]["state"] not in ENDED}
+            raise AssertionError(f"jobs did not end within {timeout_s:.0f} s: {stuck}")
+        time.sleep(0.5)
 
 
 def _starting(engine: Any) -> bool:
@@ -185,16 +199,7 @@ def run_chaos(
         if client is not None:
             report.retrying = client.join()
             ids += report.retrying.ids
-        deadline = time.monotonic() + timeout_s
-        while True:
-            listed = service.api("GET", "jobs?limit=1000", token=token)["jobs"]
-            found = {j["id"]: j for j in listed}
-            if all(found[i]["state"] in ENDED for i in ids):
-                break
-            if time.monotonic() > deadline:
-                stuck = {i: found[i]["state"] for i in ids if found[i]["state"] not in ENDED}
-                raise AssertionError(f"jobs did not end within {timeout_s:.0f} s: {stuck}")
-            time.sleep(0.5)
+        found = wait_ended(service, ids, timeout_s)
         report.elapsed_s = time.monotonic() - began
         seen = audit(runs)
         for i in ids:
@@ -205,7 +210,7 @@ def run_chaos(
         report.run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
         report.overlaps = seen.overlaps
         for i in {*report.run_twice, *report.lost, *report.not_succeeded}:
-            report.details[i] = _story(engine, runs, i)
+            report.details[i] = job_story(engine, runs, i)
         time.sleep(1.0)  # a last poll and probe
         cluster = service.api("GET", "cluster", token=token)
         report.gpus_held = [

@@ -26,6 +26,7 @@ pytest_plugins = [
     "_fixtures_server",
     "_fixtures_live_server",
     "_fixtures_slurm",
+    "_fixtures_nodes",
 ]
 
 _JUPYTER_PLUGIN = "pytest_jupyter.jupyter_server"

@@ -11,41 +11,32 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_nodes import node_scheduler
 from _fixtures_scheduler import tick_until
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
-from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
-from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
-from jupyter_gpusched.core.clock import ManualClock, SystemClock
 from jupyter_gpusched.core.models import Job, JobState, parse_spec
-from jupyter_gpusched.core.windows import OPEN_WINDOW, PolicyConfig
 from jupyter_gpusched.scheduling.scheduler import Scheduler
-from jupyter_gpusched.store.store import Store
 
 pytestmark = pytest.mark.asyncio
-T4 = SimNodeSpec("t4-0", "T4", 16, 2, cpus=16, mem_gb=64)
-V100 = SimNodeSpec("v100-0", "V100-32GB", 32, 4, cpus=32, mem_gb=256)
+
+
+@pytest.fixture
+def sim(two_nodes: SimCluster) -> SimCluster:
+    """A T4 node and a V100 node (``_fixtures_nodes``)."""
+    return two_nodes
+
+
 GRACE_S = 300.0
 
 
 @pytest_asyncio.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[SimCluster]:
-    cluster = SimCluster((T4, V100), base_dir=tmp_path / "sim")
-    await cluster.start()
-    try:
-        yield cluster
-    finally:
-        await cluster.stop(kill_jobs=True)
-
-
-@pytest_asyncio.fixture
 async def sched(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Scheduler]:
-    s = scheduler(sim.node_configs(), tmp_path / "s.db")
+    s = node_scheduler(sim.node_configs(), tmp_path / "s.db", node_down_after_s=GRACE_S)
     await s.start()
     try:
         yield s
@@ -57,27 +48,6 @@ async def sched(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Scheduler]:
                 except Exception:  # noqa: BLE001 - a node still away; the sim kills its jobs
                     pass
         await s.stop()
-
-
-def scheduler(configs: list[NodeConfig], db: Path) -> Scheduler:
-    clock = ManualClock(datetime(2026, 11, 23, 22, 0, tzinfo=UTC))
-    backend = SshBackend(
-        configs,
-        clock=SystemClock(),
-        down_after_failures=2,
-        backoff_base_s=0.05,
-        backoff_max_s=0.2,
-    )
-    return Scheduler(
-        store=Store(f"sqlite:///{db}", clock=clock),
-        backend=backend,
-        policy=PolicyConfig(windows=(OPEN_WINDOW,)),
-        clock=clock,
-        poll_interval_s=0,
-        inventory_interval_s=30.0,
-        cancel_grace_s=1,
-        node_down_after_s=GRACE_S,
-    )
 
 
 def submit_waiting(sched: Scheduler, marker: Path, **spec: object) -> int:

@@ -11,21 +11,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_nodes import node_scheduler
 from _fixtures_proxy import CuttableProxy
 from _fixtures_scheduler import tick_until
 from _fixtures_ssh import SSHD, Sshd, _known_hosts_line, gpu_state, running_sshd
 
-from jupyter_gpusched.cluster.ssh import SshBackend
-from jupyter_gpusched.core.clock import ManualClock, SystemClock
 from jupyter_gpusched.core.models import JobState, parse_spec
-from jupyter_gpusched.core.windows import OPEN_WINDOW, PolicyConfig
 from jupyter_gpusched.scheduling.scheduler import Scheduler
-from jupyter_gpusched.store.store import Store
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -60,22 +56,9 @@ async def line(sshd: Sshd) -> AsyncIterator[CuttableProxy]:
 async def sched(sshd: Sshd, line: CuttableProxy, tmp_path: Path) -> AsyncIterator[Scheduler]:
     known = tmp_path / "known_hosts"
     known.write_text(_known_hosts_line(line.port, sshd.host_key))
-    clock = ManualClock(datetime(2026, 11, 23, 22, 0, tzinfo=UTC))
-    backend = SshBackend(
+    s = node_scheduler(
         [sshd.node_config(port=line.port, known_hosts=str(known))],
-        clock=SystemClock(),
-        down_after_failures=2,
-        backoff_base_s=0.05,
-        backoff_max_s=0.2,
-    )
-    s = Scheduler(
-        store=Store(f"sqlite:///{tmp_path / 's.db'}", clock=clock),
-        backend=backend,
-        policy=PolicyConfig(windows=(OPEN_WINDOW,)),
-        clock=clock,
-        poll_interval_s=0,
-        inventory_interval_s=30.0,
-        cancel_grace_s=1,
+        tmp_path / "s.db",
         node_down_after_s=GRACE_S,
     )
     await s.start()
