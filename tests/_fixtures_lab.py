@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -189,10 +189,10 @@ def stop_lab(server: LabServer) -> None:
     if server.proc.poll() is None:
         server.proc.send_signal(signal.SIGTERM)
         try:
-            server.proc.wait(timeout=20)
+            server.proc.wait(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait(timeout=10)
+            server.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _fixtures_polling import scaled, wait_for
 from _fixtures_server import ServerProcess, _free_port, extension_config, own_jupyter_env
 
 
@@ -70,7 +70,8 @@ class ServiceProcess:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=60,
+            # ~3 s of CPU on a quiet box (it imports jupyter_server and opens the store)
+            timeout=scaled(60),
             check=True,
         )
         return done.stdout.strip()
@@ -98,18 +99,30 @@ class ServiceProcess:
         return self
 
     def wait_answering(self, timeout_s: float = 60.0) -> None:
-        """Until the API answers the admin's token."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited {self.proc.returncode}:\n{self.log_text()}")
+        """Until the API answers the admin's token (``timeout_s``: a quiet box's seconds)."""
+        proc = self.proc
+        assert proc is not None
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited {proc.returncode}:\n{self.log_text()}")
             try:
                 self.api("GET", "jobs?limit=1", token=self.admin_token)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.1)
-        raise RuntimeError(f"service did not answer within {timeout_s}s:\n{self.log_text()}")
+            except urllib.error.HTTPError as err:  # 503 (or 401) while it starts
+                err.close()
+                return False
+            return True
+
+        try:
+            wait_for(
+                answers,
+                timeout_s=timeout_s,
+                interval_s=0.1,
+                ignoring=(urllib.error.URLError, ConnectionError, TimeoutError),
+                what="the service to answer",
+            )
+        except AssertionError as exc:
+            raise RuntimeError(f"{exc}:\n{self.log_text()}") from None
 
     def api(self, method: str, path: str, body: Any = None, *, token: str) -> Any:
         """One REST call with ``token``; the JSON answer (HTTPError on 4xx/5xx)."""
@@ -144,7 +157,7 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
-                self.proc.wait(timeout_s)
+                self.proc.wait(scaled(timeout_s))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

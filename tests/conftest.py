@@ -11,10 +11,14 @@ tests/inproc``), and a plain ``pytest`` skips it.
 
 from __future__ import annotations
 
+import gc
+import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _fixtures_polling import patience
 
 from jupyter_gpusched.core.clock import ManualClock
 
@@ -70,6 +74,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needs = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if needs or any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+
+
+#: A hung test is still stopped within minutes on a loaded machine.
+MAX_TIMEOUT_STRETCH = 3.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> object:
+    """pytest-timeout's limit (``timeout`` in pyproject, or a test's marker), stretched by the
+    machine's load when the test starts (at most 3x): the limit catches hangs, and on a box
+    whose 2 cores run a second ``make test`` a test's work takes 3-5x as long as when quiet."""
+    import pytest_timeout
+
+    stretch = min(patience(), MAX_TIMEOUT_STRETCH)
+    return pytest_timeout.pytest_timeout_set_timer(
+        item, settings._replace(timeout=settings.timeout * stretch)
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after the fixtures' teardown, before pytest looks for leaks
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """With ``GPUSCHED_TEST_GC=1``, collect garbage after every test: a leaked resource (an
+    unwaited subprocess, an unclosed socket) then fails the test that leaked it rather than
+    whichever test happens to run when the collector finds it. Off by default (it costs ~1 min
+    over the suite)."""
+    if os.environ.get("GPUSCHED_TEST_GC"):
+        gc.collect()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
