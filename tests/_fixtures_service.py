@@ -1,9 +1,11 @@
 """The lab-wide service in a subprocess, and users' Jupyter servers in client mode.
 
 ``ServiceProcess`` runs ``jupyter gpusched service`` (token auth, embedded sim cluster) on its
-own Jupyter dirs and store; ``mint(user)`` runs ``jupyter gpusched service token USER`` with
-the same config. ``client_server(root, service, user)`` is a ``jupyter server`` subprocess whose
-extension forwards to the service as ``user``.
+own Jupyter dirs and store; its first start mints the admin's token with ``jupyter gpusched
+service token USER`` on the same config, and ``mint(user)`` makes more with the two store calls
+that command makes (a CLI start costs ~3 s of CPU: seconds more on a busy machine).
+``client_server(root, service, user)`` is a ``jupyter server`` subprocess whose extension
+forwards to the service as ``user``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from typing import Any
 
 from _fixtures_polling import scaled, wait_for
 from _fixtures_server import ServerProcess, _free_port, extension_config, own_jupyter_env
+
+from jupyter_gpusched.core.clock import SystemClock
+from jupyter_gpusched.store import tokens
+from jupyter_gpusched.store.store import Store
 
 
 class ServiceProcess:
@@ -42,6 +48,7 @@ class ServiceProcess:
         gpusched = extension_config(root, sim_dir=sim_dir, **overrides)
         if store_url:
             gpusched["store_url"] = store_url
+        self.store_url: str = gpusched["store_url"]
         config: dict[str, Any] = {
             # no day/night surprises unless asked for; the per-user limits are the service's
             # defaults, but the harness's admin submits loads in loops on purpose
@@ -77,13 +84,18 @@ class ServiceProcess:
         return done.stdout.strip()
 
     def mint(self, user: str) -> str:
-        """A new API token for ``user``."""
-        return self._cli("token", user).splitlines()[-1]
+        """A new API token for ``user``, made as ``service token USER`` makes it."""
+        store = Store(self.store_url, clock=SystemClock())
+        try:
+            store.migrate()
+            return tokens.mint(store, user)
+        finally:
+            store.close()
 
     def start(self, timeout_s: float = 60.0, *, wait: bool = True) -> ServiceProcess:
         """Start; unless ``wait`` is False, wait until the API answers."""
-        if not self.admin_token:
-            self.admin_token = self.mint(self.admins[0])
+        if not self.admin_token:  # through the CLI, as an operator makes the first token
+            self.admin_token = self._cli("token", self.admins[0]).splitlines()[-1]
         log_path = self.root / "service.log"
         self.log_offset = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as log:

@@ -67,13 +67,27 @@ SLOW_FIXTURES = frozenset(
 SLOW_MARKERS = ("browser", "sshd", "postgres")
 
 
+#: Tests that must share one pytest-xdist worker (``make test`` runs ``--dist loadgroup``):
+#: one Slurm cluster per session (its daemons would compete for the node), and one ``jlpm`` at
+#: a time in labextension/ (they write its tsbuildinfo and caches).
+XDIST_GROUPS = {"slurm_cluster": "slurm"}
+XDIST_GROUP_FILES = {"test_lab_unit.py": "jlpm"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` what needs a slow peer, so ``pytest -m "not slow"`` is a fast inner loop."""
+    """Mark ``slow`` what needs a slow peer, so ``pytest -m "not slow"`` is a fast inner loop;
+    put what must share a worker in its xdist group."""
     for item in items:
-        needs = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        fixtures = getattr(item, "fixturenames", ())
+        needs = SLOW_FIXTURES.intersection(fixtures)
         if needs or any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+        group = XDIST_GROUP_FILES.get(item.path.name) or next(
+            (g for f, g in XDIST_GROUPS.items() if f in fixtures), None
+        )
+        if group is not None and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 #: A hung test is still stopped within minutes on a loaded machine.

@@ -234,8 +234,9 @@ async def test_a_waiting_kernel_says_where_it_stands_and_cancelling_its_lease_fa
                 for j in api(server, "GET", "jobs?kind=lease&state=queued")["jobs"]
                 if j["spec"]["labels"].get("gpusched.notebook") == "wait.ipynb"
                 and j["estimated_start"]
+                and j["reason"]  # written apart from the estimate: it may come a pass later
             ],
-            what="the kernel's lease to wait with an expected start",
+            what="the kernel's lease to wait with an expected start and a reason",
         )
         (lease,) = waiting
         assert lease["position"] == 1 and lease["reason"].startswith("waiting: needs 1 GPU")
