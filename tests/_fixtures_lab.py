@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_polling import scaled, wait_for
+from _fixtures_polling import scaled, scaled_ms, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -224,7 +224,7 @@ def open_lab(browser: Any, server: LabServer) -> Any:
     """A fresh page with JupyterLab loaded and the GPU panel open."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(scaled_ms(30))
     page.goto(f"{server.url}lab?token={server.token}")
     page.wait_for_selector("#jp-main-dock-panel", state="visible")
     show_sidebar(page, "gpusched-panel")

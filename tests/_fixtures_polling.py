@@ -52,6 +52,11 @@ def scaled(seconds: float) -> float:
     return seconds * patience()
 
 
+def scaled_ms(seconds: float) -> int:
+    """:func:`scaled` in milliseconds, as playwright takes its timeouts."""
+    return int(scaled(seconds) * 1000)
+
+
 class Deadline:
     """A limit of ``seconds`` on a quiet machine, stretched by the load while it runs.
 

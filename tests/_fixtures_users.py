@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import scaled
 
 import jupyter_gpusched
 
@@ -82,12 +83,13 @@ class UnixUser:
         timeout: float = 60,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` (no shell) as this user; output captured as text."""
+        """Run ``argv`` (no shell) as this user; output captured as text. ``timeout``: a quiet
+        machine's seconds (stretched by the load, see ``_fixtures_polling``)."""
         return subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=scaled(timeout),
             check=check,
             **self.popen_kwargs(env),
         )
