@@ -31,10 +31,10 @@ system-deps:
 	bash scripts/system-deps.sh
 
 # pytest-xdist workers per session. Most tests wait on subprocesses, sockets and kernels, so
-# more workers than cores pay; `--dist loadgroup` keeps each group of tests/conftest.py on one
-# worker. TEST_WORKERS=0 runs a session in one process.
+# more workers than cores pay. Whole modules go to a worker (their fixtures start once), the
+# longest first (tests/conftest.py orders them). TEST_WORKERS=0 runs a session in one process.
 TEST_WORKERS ?= 4
-PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 ## Set up, lint and run every test: two pytest sessions (see tests/conftest.py for why).
 test: $(STAMP) system-deps

@@ -202,11 +202,20 @@ def job_spec(folder: Path, seconds: float, gpus: int) -> dict[str, Any]:
 
 
 def kill_leftovers(folder: Path) -> None:
-    """Kill jobs still running from ``folder``'s runs (a failed test must not leave them)."""
+    """Kill jobs still running from ``folder``'s runs (a failed test must not leave them).
+
+    Only a pid whose command line still names ``folder`` (the job's code does): pids are
+    reused (pid_max is 32768 here and a test run starts thousands of processes), and the pid
+    of a job that ended long ago may be another test's server by now.
+    """
+    pids: set[int] = set()
     for path in folder.glob("*.runs"):
         for line in path.read_text().splitlines():
-            pid = json.loads(line)["pid"]
-            try:
+            pids.add(json.loads(line)["pid"])
+    mark = str(folder).encode()
+    for pid in sorted(pids):
+        try:
+            if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except (OSError, ProcessLookupError):
+            pass

@@ -22,8 +22,11 @@ from _fixtures_polling import patience
 
 from jupyter_gpusched.core.clock import ManualClock
 
-# Scenario helpers assert what a user should see: rewrite them for readable failures.
-pytest.register_assert_rewrite("_lab_scenarios", "_fixtures_failover")
+# Scenario helpers assert what a user should see: rewrite them for readable failures. Said
+# here, before any test module imports one (directly or through another helper).
+pytest.register_assert_rewrite(
+    "_lab_scenarios", "_fixtures_failover", "_fixtures_hub", "_fixtures_users"
+)
 
 pytest_plugins = [
     "_fixtures_postgres",
@@ -67,27 +70,54 @@ SLOW_FIXTURES = frozenset(
 SLOW_MARKERS = ("browser", "sshd", "postgres")
 
 
-#: Tests that must share one pytest-xdist worker (``make test`` runs ``--dist loadgroup``):
-#: one Slurm cluster per session (its daemons would compete for the node), and one ``jlpm`` at
-#: a time in labextension/ (they write its tsbuildinfo and caches).
-XDIST_GROUPS = {"slurm_cluster": "slurm"}
-XDIST_GROUP_FILES = {"test_lab_unit.py": "jlpm"}
+#: The modules that take longest, longest first (measured with ``--durations``, both sessions):
+#: ``make test`` hands whole modules to its pytest-xdist workers (``--dist loadscope``: module
+#: fixtures are set up once) in collection order, so these go out first and no worker is left
+#: alone with a long module at the end. The others keep their order, after these.
+LONGEST_FIRST = (
+    "test_gpu_kernel.py",
+    "test_store_faults.py",
+    "test_lab_panel.py",
+    "test_store_writer.py",
+    "test_hub_service.py",
+    "test_hub_harness.py",
+    "test_store_crash.py",
+    "test_api_restart.py",
+    "test_service.py",
+    "test_lab_unit.py",
+    "test_notebooks.py",
+    "test_slurm_server.py",
+    "test_nbrun.py",
+    "test_api_fuzz.py",
+    "test_second_user.py",
+    "test_scheduler_sim.py",
+    "test_run_as_owner.py",
+    "test_short_passes.py",
+    "test_store.py",
+    "test_magics.py",
+    "test_lab_gpu_kernel.py",
+    "test_failover.py",
+    "test_chaos.py",
+    "test_lab_limits.py",
+    "test_privacy_service.py",
+    "inproc/test_notebook_api.py",
+    "inproc/test_api.py",
+    "inproc/test_privacy.py",
+    "inproc/test_limits.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``slow`` what needs a slow peer, so ``pytest -m "not slow"`` is a fast inner loop;
-    put what must share a worker in its xdist group."""
+    put the longest modules first (:data:`LONGEST_FIRST`)."""
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        needs = SLOW_FIXTURES.intersection(fixtures)
+        needs = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if needs or any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
-        group = XDIST_GROUP_FILES.get(item.path.name) or next(
-            (g for f, g in XDIST_GROUPS.items() if f in fixtures), None
-        )
-        if group is not None and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    here = Path(__file__).parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(here).as_posix(), len(rank)))
 
 
 #: A hung test is still stopped within minutes on a loaded machine.

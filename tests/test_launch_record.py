@@ -55,9 +55,13 @@ def jobs_writing(path: Path) -> list[int]:
 
 
 def kill_job(job_dir: Path) -> None:
+    """SIGKILL the job of ``job_dir``'s launch while its wrapper runs (its pgid is not
+    someone else's by now: pids are reused)."""
     record = job_dir / "launch.json"
     if record.exists():
-        os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+        launched = json.loads(record.read_text())
+        if jobs.is_running(launched["pid"], launched["start_time"]):
+            os.killpg(launched["pgid"], signal.SIGKILL)
 
 
 def full_launch_s(tmp_path: Path) -> float:
