@@ -50,7 +50,7 @@ RUN_CELLS = textwrap.dedent(
     from nbclient import NotebookClient
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in json.loads(sys.argv[1])]
-    NotebookClient(nb, kernel_name="python3", timeout=int(scaled(120)), allow_errors=True).execute()
+    NotebookClient(nb, kernel_name="python3", timeout=120, allow_errors=True).execute()
     out = nb.cells[-1].outputs
     print(json.dumps("".join(o.get("text", "") for o in out) or out))
     """
