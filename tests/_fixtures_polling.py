@@ -85,7 +85,7 @@ class Deadline:
         return max(0.0, self.seconds * self.factor - self.elapsed_s)
 
     def __str__(self) -> str:
-        return f"{self.elapsed_s:.0f}s ({self.seconds:g}s x patience {self.factor:.1f})"
+        return f"{self.elapsed_s:.1f}s ({self.seconds:g}s x patience {self.factor:.1f})"
 
 
 def _describe(what: str | Callable[[Any], str], last: Any) -> str:

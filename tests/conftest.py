@@ -141,8 +141,8 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> object:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """With ``GPUSCHED_TEST_GC=1``, collect garbage after every test: a leaked resource (an
     unwaited subprocess, an unclosed socket) then fails the test that leaked it rather than
-    whichever test happens to run when the collector finds it. Off by default (it costs ~1 min
-    over the suite)."""
+    whichever test happens to run when the collector finds it. Off by default (a collection per
+    test costs CPU)."""
     if os.environ.get("GPUSCHED_TEST_GC"):
         gc.collect()
 
