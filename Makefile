@@ -30,12 +30,19 @@ demo: $(STAMP)
 system-deps:
 	bash scripts/system-deps.sh
 
+# pytest-xdist workers per session. Most tests wait on subprocesses, sockets and kernels, so
+# more workers than cores pay. Whole modules go to a worker (their fixtures start once), the
+# longest first (tests/conftest.py orders them). TEST_WORKERS=0 runs a session in one process.
+TEST_WORKERS ?= 4
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 ## Set up, lint and run every test: two pytest sessions (see tests/conftest.py for why).
 test: $(STAMP) system-deps
 	$(BIN)/ruff check jupyter_gpusched tests bench
 	$(BIN)/ruff format --check jupyter_gpusched tests bench
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest --durations=25
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest -p pytest_jupyter.jupyter_server tests/inproc
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest $(PYTEST_XDIST) --durations=25
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m pytest $(PYTEST_XDIST) --durations=10 \
+		-p pytest_jupyter.jupyter_server tests/inproc
 
 ## Regenerate the OpenAPI file from the API's pydantic models (a test fails while it is stale).
 openapi: $(STAMP)

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _fixtures_polling import Deadline, scaled
 from _fixtures_service import ServiceProcess
 
 #: The job body: one line in ``DIR/<job id>.runs`` at start and at end.
@@ -48,9 +49,9 @@ class SimNodes:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         while not (folder / "nodes.json").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc.poll() is not None or deadline.expired():
                 raise RuntimeError("the simulated nodes did not start")
             time.sleep(0.1)
         self.nodes: list[dict[str, Any]] = json.loads((folder / "nodes.json").read_text())
@@ -58,7 +59,7 @@ class SimNodes:
     def stop(self) -> None:
         """Stop the nodes' SSH servers (jobs are killed by the caller's cleanup)."""
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
+        self.proc.wait(scaled(30))
 
 
 @dataclass
@@ -70,8 +71,8 @@ class Pair:
 
     def leader(self, timeout_s: float = 30.0) -> ServiceProcess:
         """The service whose log says it leads now (the latest to say so)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             best: tuple[float, ServiceProcess] | None = None
             for s in self.services:
                 if s.proc is None:
@@ -86,10 +87,10 @@ class Pair:
 
     def wait_standby(self, timeout_s: float = 120.0) -> None:
         """Until every service runs (a restarted one has said it stands by or leads)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         for s in self.services:
             while "scheduler started" not in s.log_text(this_run=True):
-                assert time.monotonic() < deadline, "a restarted service did not come up"
+                assert not deadline.expired(), "a restarted service did not come up"
                 time.sleep(0.2)
 
     def kill_leader(self) -> tuple[ServiceProcess, float]:
@@ -101,14 +102,14 @@ class Pair:
         victim.stop(sig=signal.SIGKILL)
         self.kills.append(killed_at)
         victim.start(wait=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline = Deadline(60)
+        while not deadline.expired():
             for s in self.services:
                 stamps = led_at(s.log_text())
                 if len(stamps) > before[id(s)]:
                     return victim, max(0.0, stamps[-1] - killed_at)
             time.sleep(0.1)
-        raise AssertionError("no service took over within 60 s")
+        raise AssertionError(f"no service took over within {deadline}")
 
     def freeze_leader(self) -> float:
         """SIGSTOP the leader until a standby leads, then SIGCONT it; the time to take over.
@@ -123,14 +124,14 @@ class Pair:
         frozen_at = time.time()
         victim.proc.send_signal(signal.SIGSTOP)
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            deadline = Deadline(60)
+            while not deadline.expired():
                 for s in self.services:
                     stamps = led_at(s.log_text())
                     if s is not victim and len(stamps) > before[id(s)]:
                         return max(0.0, stamps[-1] - frozen_at)
                 time.sleep(0.1)
-            raise AssertionError("no standby took over from a frozen leader within 60 s")
+            raise AssertionError(f"no standby took over from a frozen leader within {deadline}")
         finally:
             victim.proc.send_signal(signal.SIGCONT)
 
@@ -201,11 +202,20 @@ def job_spec(folder: Path, seconds: float, gpus: int) -> dict[str, Any]:
 
 
 def kill_leftovers(folder: Path) -> None:
-    """Kill jobs still running from ``folder``'s runs (a failed test must not leave them)."""
+    """Kill jobs still running from ``folder``'s runs (a failed test must not leave them).
+
+    Only a pid whose command line still names ``folder`` (the job's code does): pids are
+    reused (pid_max is 32768 here and a test run starts thousands of processes), and the pid
+    of a job that ended long ago may be another test's server by now.
+    """
+    pids: set[int] = set()
     for path in folder.glob("*.runs"):
         for line in path.read_text().splitlines():
-            pid = json.loads(line)["pid"]
-            try:
+            pids.add(json.loads(line)["pid"])
+    mark = str(folder).encode()
+    for pid in sorted(pids):
+        try:
+            if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except (OSError, ProcessLookupError):
+            pass

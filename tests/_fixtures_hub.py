@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import Deadline, scaled
 from _fixtures_ssh import kill_marked
 from _fixtures_users import REPO_ROOT, UnixUser, UserPython, shared_tempdir
 
@@ -328,7 +329,7 @@ class Hub:
     def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str = "hub") -> None:
         """Poll ``ready`` until true; fail with the hub log's tail if the hub dies or time runs
         out."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while True:
             try:
                 if ready():
@@ -337,8 +338,8 @@ class Hub:
                 pass
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"jupyterhub exited ({self.proc.returncode}):\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} not ready after {timeout_s}s:\n{self.log()}")
+            if deadline.expired():
+                raise TimeoutError(f"{what} not ready after {deadline}:\n{self.log()}")
             time.sleep(0.05)
 
     def log(self, tail: int = 60) -> str:
@@ -351,10 +352,10 @@ class Hub:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+                self.proc.wait()
         kill_marked(self.run_token)
         shutil.rmtree(self.private, ignore_errors=True)
         shutil.rmtree(self.shared, ignore_errors=True)

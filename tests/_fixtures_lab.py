@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, scaled_ms, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -189,10 +189,10 @@ def stop_lab(server: LabServer) -> None:
     if server.proc.poll() is None:
         server.proc.send_signal(signal.SIGTERM)
         try:
-            server.proc.wait(timeout=20)
+            server.proc.wait(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait(timeout=10)
+            server.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def open_lab(browser: Any, server: LabServer) -> Any:
     """A fresh page with JupyterLab loaded and the GPU panel open."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(scaled_ms(30))
     page.goto(f"{server.url}lab?token={server.token}")
     page.wait_for_selector("#jp-main-dock-panel", state="visible")
     show_sidebar(page, "gpusched-panel")

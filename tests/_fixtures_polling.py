@@ -8,12 +8,19 @@ coroutine function, and an optional ``step`` runs before each look, e.g. a sched
 Exceptions listed in ``ignoring`` read as "not yet" (a server that is still starting refuses
 connections); any other exception ends the wait at once (a probe raises when waiting is
 pointless, e.g. the process it waits on exited).
+
+Every ``timeout_s`` here is what the work may take on a quiet machine: a :class:`Deadline`
+stretches it by :func:`patience` while the machine is loaded (this box has 2 cores and is
+shared; a second ``make test`` beside one triples its load). A wait that succeeds returns at
+once, so stretching costs nothing; only a failure is reported later. Fixed limits elsewhere
+(``subprocess.run(timeout=...)``, a kernel's ``wait_for_ready``) take :func:`scaled` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,6 +28,64 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _MISSING: Any = object()
+
+#: ``GPUSCHED_TEST_PATIENCE=N`` fixes the stretch factor (e.g. 3 on a slow CI machine).
+PATIENCE_ENV = "GPUSCHED_TEST_PATIENCE"
+#: The most a deadline stretches with the load: a wait still fails within minutes.
+MAX_PATIENCE = 8.0
+
+
+def patience() -> float:
+    """How many times longer than on a quiet machine work may take here now (1 to 8).
+
+    The 1-minute load average per CPU, or ``$GPUSCHED_TEST_PATIENCE`` when set.
+    """
+    fixed = os.environ.get(PATIENCE_ENV)
+    if fixed:
+        return max(1.0, float(fixed))
+    per_cpu = os.getloadavg()[0] / len(os.sched_getaffinity(0))
+    return min(max(1.0, per_cpu), MAX_PATIENCE)
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` of a quiet machine, stretched by the present :func:`patience`."""
+    return seconds * patience()
+
+
+def scaled_ms(seconds: float) -> int:
+    """:func:`scaled` in milliseconds, as playwright takes its timeouts."""
+    return int(scaled(seconds) * 1000)
+
+
+class Deadline:
+    """A limit of ``seconds`` on a quiet machine, stretched by the load while it runs.
+
+    The factor is the highest :func:`patience` seen since the start: load that rises during
+    the wait (another test run starts beside this one) still extends it.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+        self.factor = patience()
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def expired(self) -> bool:
+        """Whether the limit has passed (the load is looked at again before saying so)."""
+        if self.elapsed_s <= self.seconds * self.factor:
+            return False
+        self.factor = max(self.factor, patience())
+        return self.elapsed_s > self.seconds * self.factor
+
+    def remaining_s(self) -> float:
+        """Seconds left at the present factor (0 when expired)."""
+        return max(0.0, self.seconds * self.factor - self.elapsed_s)
+
+    def __str__(self) -> str:
+        return f"{self.elapsed_s:.1f}s ({self.seconds:g}s x patience {self.factor:.1f})"
 
 
 def _describe(what: str | Callable[[Any], str], last: Any) -> str:
@@ -39,8 +104,11 @@ def wait_for(
     what: str | Callable[[T], str] = "a condition",
     ignoring: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Call ``probe`` every ``interval_s`` until ``until`` accepts its value; that value."""
-    deadline = time.monotonic() + timeout_s
+    """Call ``probe`` every ``interval_s`` until ``until`` accepts its value; that value.
+
+    ``timeout_s`` is a quiet machine's seconds (see :class:`Deadline`).
+    """
+    deadline = Deadline(timeout_s)
     last: Any = _MISSING
     while True:
         try:
@@ -49,10 +117,8 @@ def wait_for(
                 return last
         except ignoring:
             pass
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"gave up after {timeout_s:g}s waiting for {_describe(what, last)}"
-            )
+        if deadline.expired():
+            raise AssertionError(f"gave up after {deadline} waiting for {_describe(what, last)}")
         time.sleep(interval_s)
 
 
@@ -67,8 +133,7 @@ async def wait_for_async(
     ignoring: tuple[type[BaseException], ...] = (),
 ) -> T:
     """:func:`wait_for` on the running loop; ``step`` is awaited before each call of ``probe``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = Deadline(timeout_s)
     last: Any = _MISSING
     while True:
         try:
@@ -80,8 +145,6 @@ async def wait_for_async(
                 return last  # type: ignore[no-any-return]
         except ignoring:
             pass
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"gave up after {timeout_s:g}s waiting for {_describe(what, last)}"
-            )
+        if deadline.expired():
+            raise AssertionError(f"gave up after {deadline} waiting for {_describe(what, last)}")
         await asyncio.sleep(interval_s)

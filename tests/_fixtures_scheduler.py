@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest_asyncio
-from _fixtures_polling import wait_for_async
+from _fixtures_polling import Deadline, wait_for_async
 
 from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.cluster.memory import MemoryBackend, Run
@@ -208,9 +208,8 @@ async def sim_harness(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Harness]
 
 async def tick_until(sched: Scheduler, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
     """Tick ``sched`` until ``done()`` holds; the jobs' states say why when it never does."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = Deadline(timeout_s)
     while not done():
-        assert loop.time() < deadline, [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
+        assert not deadline.expired(), [(j.id, j.state, j.reason) for j in sched.list_jobs()[0]]
         await sched.tick()
         await asyncio.sleep(0.05)

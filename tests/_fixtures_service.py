@@ -1,9 +1,11 @@
 """The lab-wide service in a subprocess, and users' Jupyter servers in client mode.
 
 ``ServiceProcess`` runs ``jupyter gpusched service`` (token auth, embedded sim cluster) on its
-own Jupyter dirs and store; ``mint(user)`` runs ``jupyter gpusched service token USER`` with
-the same config. ``client_server(root, service, user)`` is a ``jupyter server`` subprocess whose
-extension forwards to the service as ``user``.
+own Jupyter dirs and store; its first start mints the admin's token with ``jupyter gpusched
+service token USER`` on the same config, and ``mint(user)`` makes more with the two store calls
+that command makes (a CLI start costs ~3 s of CPU: seconds more on a busy machine).
+``client_server(root, service, user)`` is a ``jupyter server`` subprocess whose extension
+forwards to the service as ``user``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _fixtures_polling import scaled, wait_for
 from _fixtures_server import ServerProcess, _free_port, extension_config, own_jupyter_env
+
+from jupyter_gpusched.core.clock import SystemClock
+from jupyter_gpusched.store import tokens
+from jupyter_gpusched.store.store import Store
 
 
 class ServiceProcess:
@@ -42,6 +48,7 @@ class ServiceProcess:
         gpusched = extension_config(root, sim_dir=sim_dir, **overrides)
         if store_url:
             gpusched["store_url"] = store_url
+        self.store_url: str = gpusched["store_url"]
         config: dict[str, Any] = {
             # no day/night surprises unless asked for; the per-user limits are the service's
             # defaults, but the harness's admin submits loads in loops on purpose
@@ -70,19 +77,25 @@ class ServiceProcess:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=60,
+            # ~3 s of CPU on a quiet box (it imports jupyter_server and opens the store)
+            timeout=scaled(60),
             check=True,
         )
         return done.stdout.strip()
 
     def mint(self, user: str) -> str:
-        """A new API token for ``user``."""
-        return self._cli("token", user).splitlines()[-1]
+        """A new API token for ``user``, made as ``service token USER`` makes it."""
+        store = Store(self.store_url, clock=SystemClock())
+        try:
+            store.migrate()
+            return tokens.mint(store, user)
+        finally:
+            store.close()
 
     def start(self, timeout_s: float = 60.0, *, wait: bool = True) -> ServiceProcess:
         """Start; unless ``wait`` is False, wait until the API answers."""
-        if not self.admin_token:
-            self.admin_token = self.mint(self.admins[0])
+        if not self.admin_token:  # through the CLI, as an operator makes the first token
+            self.admin_token = self._cli("token", self.admins[0]).splitlines()[-1]
         log_path = self.root / "service.log"
         self.log_offset = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as log:
@@ -98,18 +111,30 @@ class ServiceProcess:
         return self
 
     def wait_answering(self, timeout_s: float = 60.0) -> None:
-        """Until the API answers the admin's token."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited {self.proc.returncode}:\n{self.log_text()}")
+        """Until the API answers the admin's token (``timeout_s``: a quiet box's seconds)."""
+        proc = self.proc
+        assert proc is not None
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited {proc.returncode}:\n{self.log_text()}")
             try:
                 self.api("GET", "jobs?limit=1", token=self.admin_token)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.1)
-        raise RuntimeError(f"service did not answer within {timeout_s}s:\n{self.log_text()}")
+            except urllib.error.HTTPError as err:  # 503 (or 401) while it starts
+                err.close()
+                return False
+            return True
+
+        try:
+            wait_for(
+                answers,
+                timeout_s=timeout_s,
+                interval_s=0.1,
+                ignoring=(urllib.error.URLError, ConnectionError, TimeoutError),
+                what="the service to answer",
+            )
+        except AssertionError as exc:
+            raise RuntimeError(f"{exc}:\n{self.log_text()}") from None
 
     def api(self, method: str, path: str, body: Any = None, *, token: str) -> Any:
         """One REST call with ``token``; the JSON answer (HTTPError on 4xx/5xx)."""
@@ -144,7 +169,7 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
-                self.proc.wait(timeout_s)
+                self.proc.wait(scaled(timeout_s))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fixtures_polling import Deadline, scaled
 
 NODE = "gpu1"
 GPUS = 4
@@ -133,8 +134,8 @@ class SlurmCluster:
         return self
 
     def _wait(self, ready: object, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             if any(p.poll() is not None for p in self._procs):
                 break
             if ready():  # type: ignore[operator]
@@ -145,12 +146,17 @@ class SlurmCluster:
             for p in sorted((self.base / "log").iterdir())
         )
         self.stop()
-        raise RuntimeError(f"{what} did not come up within {timeout_s}s:\n{logs}")
+        raise RuntimeError(f"{what} did not come up within {deadline}:\n{logs}")
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A Slurm client command against this cluster."""
         return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=60
+            list(argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=scaled(60),
         )
 
     def node_state(self) -> str:
@@ -169,14 +175,14 @@ class SlurmCluster:
 
     def wait_job(self, slurm_id: int, states: set[str], timeout_s: float = 30.0) -> str:
         """Wait until the job is in one of ``states``; the state reached."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         state = ""
-        while time.monotonic() < deadline:
+        while not deadline.expired():
             state = self.job_state(slurm_id)
             if state in states:
                 return state
             time.sleep(0.1)
-        raise AssertionError(f"Slurm job {slurm_id} still {state!r} after {timeout_s}s")
+        raise AssertionError(f"Slurm job {slurm_id} still {state!r} after {deadline}")
 
     def cancel_all(self, timeout_s: float = 15.0) -> None:
         """Kill every job and wait until none runs (tests leave the cluster empty)."""
@@ -184,8 +190,8 @@ class SlurmCluster:
         if ids:
             self.run("scancel", "--signal=KILL", "--full", *ids, check=False)
             self.run("scancel", *ids, check=False)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             if not self.run("squeue", "-h", "-o", "%i", check=False).stdout.split():
                 return
             time.sleep(0.2)
@@ -198,7 +204,7 @@ class SlurmCluster:
             if proc.poll() is None:
                 proc.terminate()
                 try:
-                    proc.wait(15)
+                    proc.wait(scaled(15))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncssh
-from _fixtures_polling import wait_for, wait_for_async
+from _fixtures_polling import scaled, wait_for, wait_for_async
+from _fixtures_users import ensure_user
 
 import jupyter_gpusched
 from jupyter_gpusched.cluster.base import JobStatus
@@ -182,7 +183,13 @@ class InProcessSshServer:
         for conn in list(self.conns):
             await conn.wait_closed()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
+            # a command whose channel closed ends at its stdin's EOF; past a while, each
+            # task kills its command and waits for it (an unwaited child outliving this
+            # event loop would warn in whichever test collects it)
+            _, pending = await asyncio.wait(list(self._tasks), timeout=scaled(5))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def node_config(self, name: str = "n0", **overrides: Any) -> NodeConfig:
         """How the backend reaches this server; the agent runs under this venv's Python."""
@@ -224,6 +231,17 @@ class InProcessSshServer:
             env=self.env,
             cwd=self.home,
         )
+        try:
+            await self._relay(process, proc)
+        finally:
+            if proc.returncode is None:  # cancelled by stop(): the command goes with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+    async def _relay(
+        self, process: asyncssh.SSHServerProcess[bytes], proc: asyncio.subprocess.Process
+    ) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
         async def pump_in() -> None:
@@ -249,13 +267,15 @@ class InProcessSshServer:
                     broken = True  # keep draining so the command never blocks on a full pipe
 
         feeder = asyncio.create_task(pump_in())
-        await asyncio.gather(
-            pump_out(proc.stdout, process.stdout), pump_out(proc.stderr, process.stderr)
-        )
-        code = await proc.wait()
-        feeder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await feeder
+        try:
+            await asyncio.gather(
+                pump_out(proc.stdout, process.stdout), pump_out(proc.stderr, process.stderr)
+            )
+            code = await proc.wait()
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
         with contextlib.suppress(asyncssh.Error, OSError):
             if code < 0:
                 process.exit_with_signal(signal.Signals(-code).name[3:])
@@ -289,12 +309,9 @@ def sshd_login() -> tuple[str, str]:
     package = REPO_ROOT / "jupyter_gpusched"
     if not (os.access(system_python, os.X_OK) and _readable_by_others(package)):
         return "root", sys.executable
-    try:
-        pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", TEST_USER], check=True)
-    # "!" (useradd's default) is a locked account that sshd refuses even with a key
-    subprocess.run(["usermod", "-p", "*", TEST_USER], check=True)
+    # created once, its password "*" (useradd's "!" is a locked account that sshd refuses
+    # even with a key), under the lock that concurrent test processes share
+    ensure_user(TEST_USER)
     return TEST_USER, system_python
 
 

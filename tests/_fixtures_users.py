@@ -14,6 +14,8 @@ When the venv's own Python is usable by others it is used directly.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -22,12 +24,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import scaled
 
 import jupyter_gpusched
 
@@ -79,12 +83,13 @@ class UnixUser:
         timeout: float = 60,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` (no shell) as this user; output captured as text."""
+        """Run ``argv`` (no shell) as this user; output captured as text. ``timeout``: a quiet
+        machine's seconds (stretched by the load, see ``_fixtures_polling``)."""
         return subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=scaled(timeout),
             check=check,
             **self.popen_kwargs(env),
         )
@@ -93,29 +98,56 @@ class UnixUser:
 def ensure_user(name: str) -> UnixUser:
     """The account ``name``, created with a home dir and a locked password if missing.
 
-    Idempotent and safe against a concurrent session creating the same account.
+    Idempotent and safe against concurrent callers: pytest-xdist workers and other sessions on
+    the machine take one file lock around ``useradd``/``usermod`` (which refuse to run while
+    another holds /etc/passwd's lock), and a refusal by an outsider is retried.
     """
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        made = subprocess.run(
-            ["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
-            capture_output=True,
-            text=True,
-        )
+    with _accounts_lock():
         try:
             entry = pwd.getpwnam(name)
         except KeyError:
-            raise RuntimeError(f"useradd {name} failed: {made.stderr.strip()}") from None
-    # "!" (useradd's default) locks the account for sshd even with a key; "*" only disables
-    # password logins.
-    if _shadow_hash(name) != "*":
-        subprocess.run(["usermod", "-p", "*", name], check=True)
+            made = _retrying(
+                ["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name]
+            )
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                raise RuntimeError(f"useradd {name} failed: {made.stderr.strip()}") from None
+        # "!" (useradd's default) locks the account for sshd even with a key; "*" only disables
+        # password logins.
+        if _shadow_hash(name) != "*":
+            changed = _retrying(["usermod", "-p", "*", name])
+            if changed.returncode != 0:
+                raise RuntimeError(f"usermod -p '*' {name} failed: {changed.stderr.strip()}")
     home = Path(entry.pw_dir)
     if not home.is_dir():
         home.mkdir(mode=0o755, parents=True)
         os.chown(home, entry.pw_uid, entry.pw_gid)
     return UnixUser(name, entry.pw_uid, entry.pw_gid, home, entry.pw_shell or "/bin/sh")
+
+
+#: One lock for every test process on the machine that adds or changes accounts.
+_ACCOUNTS_LOCK = Path(tempfile.gettempdir()) / "gpusched-tests-accounts.lock"
+
+
+@contextlib.contextmanager
+def _accounts_lock() -> Iterator[None]:
+    fd = os.open(_ACCOUNTS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _retrying(argv: list[str], tries: int = 50) -> subprocess.CompletedProcess[str]:
+    """``argv`` (useradd, usermod), again while another program holds /etc/passwd's lock."""
+    for _ in range(tries - 1):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode == 0 or "lock" not in done.stderr:
+            return done
+        time.sleep(0.2)  # a lock held by an outsider: poll for it, as useradd itself would
+    return subprocess.run(argv, capture_output=True, text=True)
 
 
 def _shadow_hash(name: str) -> str | None:

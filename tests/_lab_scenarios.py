@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import nbformat
+from _fixtures_polling import Deadline
 
 
 class Lab(Protocol):
@@ -54,12 +55,12 @@ def status_of(lab: Lab, user: str, method: str, path: str, body: Any = None) -> 
 
 def wait_for(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "it") -> Any:
     """Poll ``check`` until it returns something true."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.expired():
         if value := check():
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {deadline} waiting for {what}")
 
 
 def sleeper(seconds: float, **spec: Any) -> dict[str, Any]:

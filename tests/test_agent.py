@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, wait_for
 from _fixtures_ssh import REPO_ROOT, fake_gpu_bin, gpu_state, kill_marked
 
 from jupyter_gpusched.node.probe import short_model
@@ -47,7 +47,7 @@ def agent(env: dict[str, str], *args: str, check: bool = True) -> Any:
         [*AGENT, *args],
         env=env,
         capture_output=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     if check:
         assert done.returncode == 0, (done.stdout, done.stderr)
@@ -340,7 +340,7 @@ def test_a_follower_stops_when_its_channel_closes(node: dict[str, Any]) -> None:
         ],
         env=node["env"],
         capture_output=True,
-        timeout=30,
+        timeout=scaled(30),
         input=b"",
     )
     still = agent(node["env"], "status", "--job-dir", job["job_dir"], "--pid", str(job["pid"]))
@@ -501,7 +501,11 @@ def test_a_serving_agent_answers_in_order_and_survives_a_bad_request(
     ]
     lines = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
     done = subprocess.run(
-        [*AGENT, "serve"], env=node["env"], input=lines.encode(), capture_output=True, timeout=60
+        [*AGENT, "serve"],
+        env=node["env"],
+        input=lines.encode(),
+        capture_output=True,
+        timeout=scaled(60),
     )
     assert done.returncode == 0, done.stderr
     launched, flag, probe, garbled, removed = [json.loads(x) for x in done.stdout.splitlines()]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
@@ -60,10 +61,9 @@ async def test_big_arguments_and_environment_reach_the_job_and_the_connection_st
     launched = await backend.launch(job, Placement(node="t4-0", gpu_indices=[0]))
     await neighbour  # another user's command on the same connection went through
     ran = job.model_copy(update={"handle": launched.handle})
-    for _ in range(200):
-        if not (await backend.poll(ran)).running:
-            break
-        await asyncio.sleep(0.05)
+    await wait_for_async(
+        lambda: backend.poll(ran), lambda status: not status.running, what="the job to end"
+    )
     assert report.read_text() == f"{4 * 120 * 1024} 100000"
     assert backend.node_error("t4-0") is None and not backend.node_down("t4-0")
 

@@ -19,6 +19,7 @@ from _fixtures_failover import (
     kill_leftovers,
     start_pair,
 )
+from _fixtures_polling import Deadline
 from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -67,13 +68,13 @@ def test_killing_the_leader_loses_repeats_and_overlaps_nothing(
         # a hung leader: only its lease's expiry (3 s here) frees the queue; once it wakes up
         # it must stand by, its late writes refused
         frozen_s = pair.freeze_leader()
-        deadline = time.monotonic() + 240
+        deadline = Deadline(240)
         while True:
             live = pair.leader()
             jobs = {j["id"]: j for j in live.api("GET", "jobs?limit=1000", token=token)["jobs"]}
             if all(jobs[i]["state"] in ("succeeded", "failed", "cancelled", "lost") for i in ids):
                 break
-            assert time.monotonic() < deadline, {i: jobs[i]["state"] for i in ids}
+            assert not deadline.expired(), {i: jobs[i]["state"] for i in ids}
             time.sleep(0.5)
         seen = audit(runs)
         states = {i: jobs[i]["state"] for i in ids}

@@ -24,6 +24,7 @@ from tornado import httpclient, websocket
 
 pytest.register_assert_rewrite("_fixtures_hub", "_fixtures_users")
 from _fixtures_hub import Hub, HubFactory, ServiceSpec, http, hub_factory  # noqa: E402
+from _fixtures_polling import scaled  # noqa: E402
 from _fixtures_server import FAR_FUTURE, extension_config  # noqa: E402
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python  # noqa: E402
 from _lab_scenarios import (  # noqa: E402
@@ -81,7 +82,8 @@ class HubLab:
             JUPYTER_RUNTIME_DIR=str(self.hub.user_dir(user) / "runtime"),
         )
         cells = json.dumps(["%load_ext jupyter_gpusched", "%%gpu\n" + source])
-        done = self.users[user].run(self.python.argv("-c", RUN_CELLS, cells), env=env, timeout=180)
+        argv = self.python.argv("-c", RUN_CELLS, cells)
+        done = self.users[user].run(argv, env=env, timeout=180)
         return str(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def root(self, user: str) -> Path:
@@ -206,9 +208,12 @@ async def test_the_hub_revoking_a_token_or_an_admin_group_ends_those_streams_wit
     hers, his = await _events(lab, alice), await _events(lab, bob)
     try:
         hub.api("DELETE", f"groups/{ADMIN_GROUP}/users", {"users": ["bob"]})
-        assert await _closed_within(his, 5.0) == (1008, "bob is no longer an admin of the queue")
+        assert await _closed_within(his, scaled(5.0)) == (
+            1008,
+            "bob is no longer an admin of the queue",
+        )
         hub.api("DELETE", f"users/alice/tokens/{made['id']}")
-        assert await _closed_within(hers, 5.0) == (1008, "the token of alice was revoked")
+        assert await _closed_within(hers, scaled(5.0)) == (1008, "the token of alice was revoked")
     finally:
         await close_websocket(hers)
         await close_websocket(his)

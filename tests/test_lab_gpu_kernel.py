@@ -15,6 +15,7 @@ from typing import Any
 import _fixtures_lab
 import pytest
 from _fixtures_lab import CHROMIUM, LabServer, screenshot, show_sidebar, start_lab, stop_lab
+from _fixtures_polling import scaled_ms
 
 chromium = _fixtures_lab.chromium
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -44,7 +45,7 @@ def page(chromium: Any, gpu_lab: LabServer) -> Iterator[Any]:
     """JupyterLab on a workspace of its own (no notebook of an earlier test reopened)."""
     context = chromium.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(scaled_ms(30))
     workspace = uuid.uuid4().hex[:8]
     page.goto(f"{gpu_lab.url}lab/workspaces/{workspace}?reset&token={gpu_lab.token}")
     page.wait_for_selector("#jp-main-dock-panel", state="visible")
@@ -69,18 +70,18 @@ def indicator(page: Any) -> Any:
     return page.locator(".jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator")
 
 
-def wait_idle(page: Any, timeout_ms: int = KERNEL_TIMEOUT_MS) -> None:
+def wait_idle(page: Any, timeout_ms: int | None = None) -> None:
     """Until the notebook's kernel is idle (not "initializing", "starting" or "busy")."""
     page.wait_for_function(
         "() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');"
         " const i = p?.querySelector('.jp-Notebook-ExecutionIndicator');"
         " const k = p?.querySelector('.jp-Toolbar-kernelName')?.textContent ?? '';"
         " return i?.dataset.status === 'idle' && k.includes('GPU'); }",
-        timeout=timeout_ms,
+        timeout=timeout_ms or scaled_ms(KERNEL_TIMEOUT_MS / 1000),
     )
 
 
-def run_cell(page: Any, code: str, expect: str, timeout_ms: int = 60_000) -> Any:
+def run_cell(page: Any, code: str, expect: str, timeout_ms: int | None = None) -> Any:
     """Type ``code`` into the active cell, run it (Shift+Enter), wait for ``expect`` in it."""
     cell = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell.jp-mod-active")
     index = cell.evaluate("c => [...c.parentNode.children].indexOf(c)")
@@ -88,7 +89,9 @@ def run_cell(page: Any, code: str, expect: str, timeout_ms: int = 60_000) -> Any
     page.keyboard.insert_text(code)
     page.keyboard.press("Shift+Enter")
     ran = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)
-    ran.locator(".jp-OutputArea-output", has_text=expect).wait_for(timeout=timeout_ms)
+    ran.locator(".jp-OutputArea-output", has_text=expect).wait_for(
+        timeout=timeout_ms or scaled_ms(60)
+    )
     return ran
 
 
@@ -135,13 +138,15 @@ def test_a_notebook_on_a_gpu_kernel_from_the_launcher_to_shut_down(
     page.wait_for_function(
         "el => el.textContent === 'gpu_only_name' || document.querySelector('.jp-Completer-item')",
         arg=active.element_handle(),
-        timeout=30_000,
+        timeout=scaled_ms(30),
     )
     if offered.count():
         screenshot(page, "lab-gpu-kernel-completion")
         page.keyboard.press("Enter")
     page.wait_for_function(
-        "el => el.textContent === 'gpu_only_name'", arg=active.element_handle(), timeout=30_000
+        "el => el.textContent === 'gpu_only_name'",
+        arg=active.element_handle(),
+        timeout=scaled_ms(30),
     )
     screenshot(page, "lab-gpu-kernel-completed")
     page.keyboard.press("Control+a")
@@ -172,7 +177,7 @@ def test_a_notebook_on_a_gpu_kernel_from_the_launcher_to_shut_down(
     page.wait_for_function(
         "() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
         ".jp-Toolbar-kernelName')?.textContent.includes('GPU')",
-        timeout=30_000,
+        timeout=scaled_ms(30),
     )
     ended = gpu_lab.api(f"gpusched/api/jobs/{lease['id']}")
     assert ended["state"] in ("cancelled", "succeeded")
@@ -197,14 +202,14 @@ def test_a_waiting_gpu_kernel_shows_its_place_in_the_queue_and_can_be_cancelled(
         )
         launch(page, "Python 3 (1 GPU)")
         toast = page.locator(".Toastify__toast", has_text="GPU kernel for Untitled")
-        toast.locator("text=#1 in the queue").wait_for(timeout=30_000)
+        toast.locator("text=#1 in the queue").wait_for(timeout=scaled_ms(30))
         page.locator(".Toastify__toast", has_text="expected to start in").wait_for()
         text = toast.inner_text()
         assert "is waiting (lease #" in text and "waiting: needs 1 GPU" in text
         screenshot(page, "lab-gpu-kernel-waiting")
         toast.locator("button", has_text="Cancel").click()
         dialog = page.locator(".jp-Dialog", has_text="cancelled")
-        dialog.wait_for(timeout=30_000)
+        dialog.wait_for(timeout=scaled_ms(30))
         assert "GPU kernel not started: lease" in dialog.inner_text()
         screenshot(page, "lab-gpu-kernel-cancelled")
         dialog.locator("button").last.click()

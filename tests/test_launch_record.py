@@ -37,10 +37,31 @@ def launch_cut_short(job_dir: Path, marker: Path, after_s: float) -> None:
     proc.wait()
 
 
+def jobs_writing(path: Path) -> list[int]:
+    """Live (not zombie) ``python -c CODE`` processes whose code names ``path`` (quoted, as
+    the job's code does: ``runs1`` must not match ``runs12``). The launch's wrapper, a fork of
+    the agent, carries the code too, on the agent's command line (``-m ... launch``)."""
+    quoted = repr(str(path)).encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv[1:2] == [b"-c"] and quoted in argv[2] and state != "Z":
+            found.append(int(entry))
+    return found
+
+
 def kill_job(job_dir: Path) -> None:
+    """SIGKILL the job of ``job_dir``'s launch while its wrapper runs (its pgid is not
+    someone else's by now: pids are reused)."""
     record = job_dir / "launch.json"
     if record.exists():
-        os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+        launched = json.loads(record.read_text())
+        if jobs.is_running(launched["pid"], launched["start_time"]):
+            os.killpg(launched["pgid"], signal.SIGKILL)
 
 
 def full_launch_s(tmp_path: Path) -> float:
@@ -61,10 +82,11 @@ def test_a_launch_killed_at_any_moment_is_found_again_or_never_ran(tmp_path: Pat
             relaunch = agent.launch(
                 str(job_dir), [sys.executable, "-c", "import time; time.sleep(30)"]
             )
-            time.sleep(0.2)  # a job started by the first launch has written its line by now
-            runs = marker.read_text().count("run") if marker.exists() else 0
             # reused: the first launch ran it and its record says where; else nothing of the
-            # first launch runs and the second started it
+            # first launch runs and the second started it. Counted by process: the job is
+            # spawned before its record is written, so it runs by now even if, on a busy
+            # machine, it has not yet written its line.
+            runs = len(jobs_writing(marker))
             assert runs == (1 if relaunch["reused"] else 0), (step, relaunch)
         finally:
             kill_job(job_dir)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _fixtures_polling import scaled, wait_for_async
 from _fixtures_scheduler import sim, tick_until  # noqa: F401  (sim: the fixture)
 
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
@@ -143,10 +144,10 @@ async def test_a_job_that_ran_to_its_end_while_the_scheduler_was_down_is_recorde
     job = start_in_store(sched, counting_job(sched, tally, seconds=0.0, retries=2))
     launched = await sched.backend.launch(job, job.placement)
     ran = job.model_copy(update={"handle": launched.handle})
-    for _ in range(200):  # the job ends on its node while no scheduler runs
-        if not (await sched.backend.poll(ran)).running:
-            break
-        await asyncio.sleep(0.05)
+    # the job ends on its node while no scheduler runs
+    await wait_for_async(
+        lambda: sched.backend.poll(ran), lambda status: not status.running, what="the job to end"
+    )
     await tick_until(sched, lambda: sched.get_job(job.id).state in ENDED)
     final = sched.get_job(job.id)
     assert (final.state, final.attempt, runs(tally)) == (JobState.SUCCEEDED, 0, 1)
@@ -235,7 +236,7 @@ async def test_sixteen_cancels_in_the_first_third_of_a_second_leave_no_process_r
         assert [a.state for a in answers] == [JobState.CANCELLED] * 16
         alive = [int(p.name) for p in pids.iterdir() if is_running(int(p.name), None)]
         assert alive == []
-        await asyncio.sleep(1.0)  # nor does one start late
+        await asyncio.sleep(scaled(1.0))  # nor does one start late
         alive = [int(p.name) for p in pids.iterdir() if is_running(int(p.name), None)]
         assert alive == []
         nodes = await live.backend.inventory(refresh=True)

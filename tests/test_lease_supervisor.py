@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fixtures_polling import scaled
 from jupyter_client import BlockingKernelClient
 
 from jupyter_gpusched.node.kernel import PORT_KEYS, wait_connection
@@ -30,11 +31,15 @@ class LeaseKernel:
             cwd=tmp_path, env=env, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        self.info = wait_connection(str(self.path), 30)
         self.kc = BlockingKernelClient()
-        self.kc.load_connection_info(self.info)
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=30)
+        try:
+            self.info = wait_connection(str(self.path), scaled(30))
+            self.kc.load_connection_info(self.info)
+            self.kc.start_channels()
+            self.kc.wait_for_ready(timeout=scaled(30))
+        except BaseException:
+            self.stop()  # never a kernel left behind, nor its Popen unwaited
+            raise
 
     def control(
         self, msg_type: str, content: dict[str, Any] | None = None, timeout_s: float = 30
@@ -56,14 +61,14 @@ class LeaseKernel:
             if msg["msg_type"] == "stream":
                 out.append(msg["content"]["text"])
 
-        self.kc.execute_interactive(code, output_hook=hook, timeout=30)
+        self.kc.execute_interactive(code, output_hook=hook, timeout=scaled(30))
         return "".join(out)
 
     def stop(self) -> None:
         self.kc.stop_channels()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        self.proc.wait()
 
 
 @pytest.fixture
@@ -86,7 +91,7 @@ def test_a_restart_request_brings_a_new_kernel_on_the_same_ports_in_the_same_lea
             second = kernel.pid(timeout_s=1)
         except Exception:  # noqa: BLE001 - the old kernel left before it answered
             continue
-    kernel.kc.wait_for_ready(timeout=30)
+    kernel.kc.wait_for_ready(timeout=scaled(30))
     assert kernel.run("print('x' in dir())") == "False\n"
     assert kernel.proc.poll() is None
     assert wait_connection(str(kernel.path), 1) == kernel.info  # same ports, same keys
@@ -110,15 +115,16 @@ def test_any_other_end_of_the_kernel_ends_the_supervisor_as_the_kernel_ended(
         kernel.kc.execute("import os; os._exit(3)")
     else:
         os.killpg(kernel.proc.pid, signal.SIGTERM)
-    assert kernel.proc.wait(20) == status
+    assert kernel.proc.wait(scaled(20)) == status
 
 
 def test_an_interrupt_reaches_the_kernel_and_not_its_supervisor(kernel: LeaseKernel) -> None:
     msg_id = kernel.kc.execute("print('spinning', flush=True)\nwhile True: pass")
-    while kernel.kc.get_iopub_msg(timeout=30)["msg_type"] != "stream":
+    wait_s = scaled(30)
+    while kernel.kc.get_iopub_msg(timeout=wait_s)["msg_type"] != "stream":
         pass
     assert kernel.control("interrupt_request") == {"status": "ok"}
-    while (reply := kernel.kc.get_shell_msg(timeout=30))["parent_header"]["msg_id"] != msg_id:
+    while (reply := kernel.kc.get_shell_msg(timeout=wait_s))["parent_header"]["msg_id"] != msg_id:
         pass
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     os.killpg(kernel.proc.pid, signal.SIGINT)  # a SIGINT to the whole group, too

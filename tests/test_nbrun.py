@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from _fixtures_notebooks import outputs_text, read_notebook, write_notebook
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, wait_for
 
 from jupyter_gpusched.core.progress import ProgressFilter, parse_progress, strip_progress
 from jupyter_gpusched.node.nbrun import first_line, progress_line
@@ -27,6 +27,17 @@ def nbrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproces
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def ended(proc: subprocess.Popen[str], timeout_s: float = 120) -> str:
+    """What ``proc`` printed once it exited (``timeout_s``: a quiet box's seconds); a run
+    past that is killed, its pipe closed, and the test fails with what it printed."""
+    try:
+        return proc.communicate(timeout=scaled(timeout_s))[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log = proc.communicate()[0]
+        raise AssertionError(f"nbrun still ran after {timeout_s:g}s x patience:\n{log}") from None
 
 
 def progress_of(log: str) -> list[dict]:
@@ -44,7 +55,7 @@ def test_parameters_without_a_parameters_cell_are_injected_at_the_top(tmp_path: 
         json.dumps({"greeting": "hé", "times": 2}),
         cwd=tmp_path,
     )
-    log, _ = proc.communicate(timeout=120)
+    log = ended(proc, 120)
 
     assert proc.returncode == 0, log
     nb = read_notebook(tmp_path / "out.ipynb")
@@ -59,7 +70,7 @@ def test_the_kernel_talks_over_private_unix_sockets_not_tcp(tmp_path: Path) -> N
     code = "import ipykernel.kernelapp as k; print(k.IPKernelApp.instance().transport)"
     write_notebook(tmp_path / "where.ipynb", [code])
     proc = nbrun("where.ipynb", "--output", "out.ipynb", cwd=tmp_path)
-    log, _ = proc.communicate(timeout=120)
+    log = ended(proc, 120)
 
     assert proc.returncode == 0, log
     assert "ipc\n" in log
@@ -71,7 +82,7 @@ def test_the_kernel_talks_over_private_unix_sockets_not_tcp(tmp_path: Path) -> N
 def test_the_job_time_limit_saves_the_notebook_and_exits_124(tmp_path: Path) -> None:
     write_notebook(tmp_path / "long.ipynb", ["print('started')", "import time\ntime.sleep(60)"])
     proc = nbrun("long.ipynb", "--output", "out.ipynb", "--job-timeout-s", "4", cwd=tmp_path)
-    log, _ = proc.communicate(timeout=120)
+    log = ended(proc, 120)
 
     assert proc.returncode == 124, log
     nb = read_notebook(tmp_path / "out.ipynb")
@@ -91,9 +102,14 @@ def test_sigterm_saves_what_ran_and_exits_143(tmp_path: Path) -> None:
         seen.append(proc.stdout.readline())  # type: ignore[union-attr]
         return parse_progress(seen[-1]) or {}
 
-    wait_for(next_line, lambda p: p.get("cell") == 2, interval_s=0, what="the second cell")
+    try:
+        wait_for(next_line, lambda p: p.get("cell") == 2, interval_s=0, what="the second cell")
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
+    rest = ended(proc, 60)
 
     assert proc.returncode == 143, "".join(seen) + rest
     nb = read_notebook(tmp_path / "out.ipynb")
@@ -104,7 +120,7 @@ def test_sigterm_saves_what_ran_and_exits_143(tmp_path: Path) -> None:
 def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
     write_notebook(tmp_path / "nb.ipynb", ["print(1)"])
     proc = nbrun("nb.ipynb", "--output", "out.ipynb", "--parameters", "[1, 2]", cwd=tmp_path)
-    log, _ = proc.communicate(timeout=60)
+    log = ended(proc, 60)
     assert proc.returncode == 2 and "must be a JSON object" in log
     assert not (tmp_path / "out.ipynb").exists()
     # what a job gets: its parameters in a private file the environment names
@@ -112,16 +128,16 @@ def test_bad_parameters_exit_2_before_running_anything(tmp_path: Path) -> None:
     env = {**os.environ, "GPUSCHED_PARAMETERS_FILE": str(tmp_path / "parameters.json")}
     from_env = ("--parameters-env", "GPUSCHED_PARAMETERS_FILE")
     proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
-    log, _ = proc.communicate(timeout=60)
+    log = ended(proc, 60)
     assert proc.returncode == 2 and "parameters.json: must be a JSON object" in log
     # promised but not handed over (a node agent older than the scheduler): loud, not defaults
     del env["GPUSCHED_PARAMETERS_FILE"]
     proc = nbrun("nb.ipynb", "--output", "out.ipynb", *from_env, cwd=tmp_path, env=env)
-    log, _ = proc.communicate(timeout=60)
+    log = ended(proc, 60)
     assert proc.returncode == 2 and "$GPUSCHED_PARAMETERS_FILE is not set" in log
     assert not (tmp_path / "out.ipynb").exists()
     missing = nbrun("gone.ipynb", "--output", "out.ipynb", cwd=tmp_path)
-    log, _ = missing.communicate(timeout=60)
+    log = ended(missing, 60)
     assert missing.returncode == 2 and "gone.ipynb not found" in log
 
 
@@ -132,7 +148,7 @@ def test_the_fallback_input_is_used_when_no_copy_was_staged(tmp_path: Path) -> N
     proc = nbrun(
         "nb.ipynb", "--output", "out.ipynb", "--fallback-input", str(shared), cwd=tmp_path / "job"
     )
-    log, _ = proc.communicate(timeout=120)
+    log = ended(proc, 120)
     assert proc.returncode == 0, log
     assert outputs_text(read_notebook(tmp_path / "job" / "out.ipynb").cells[1]) == "from shared\n"
 

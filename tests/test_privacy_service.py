@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, wait_for
 from _fixtures_service import ServiceProcess, client_server
 from _lab_scenarios import sleeper
 from tornado import httpclient, websocket
@@ -131,11 +131,11 @@ async def test_revoking_a_token_ends_its_follows_and_websockets_within_5_s(
         assert not any(f.done() for f in follows)
 
         assert tokens.revoke(lab.store, "alice") == 1
-        revoked_at = time.monotonic()
+        revoked_at, within_s = time.monotonic(), scaled(ENDED_WITHIN_S)  # on a quiet box: 5 s
         closed = await asyncio.wait_for(
-            asyncio.gather(*map(_until_closed, hers), *follows), ENDED_WITHIN_S
+            asyncio.gather(*map(_until_closed, hers), *follows), within_s
         )
-        assert time.monotonic() - revoked_at < ENDED_WITHIN_S
+        assert time.monotonic() - revoked_at < within_s
         # the websockets say why; the follows' bodies ended cleanly
         assert closed == [(1008, "the token of alice was revoked")] * 2 + [200, 200]
 

@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 from _fixtures_notebooks import outputs_text, write_notebook
 from _fixtures_owners import NODE, OwnersNode, owners_node
+from _fixtures_polling import Deadline
 from _fixtures_service import ServiceProcess
 from _fixtures_ssh import ended, gpu_state
 from _fixtures_users import unix_users, user_python
@@ -301,12 +302,12 @@ async def test_an_owner_who_cannot_run_on_the_node_is_refused_with_the_reason(
 
 
 def _wait(service: ServiceProcess, job_id: int, token: str, *states: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while True:
         job = service.api("GET", f"jobs/{job_id}", token=token)
         if job["state"] in states:
             return dict(job)
-        assert time.monotonic() < deadline, job
+        assert not deadline.expired(), job
         time.sleep(0.1)
 
 
@@ -376,9 +377,9 @@ def test_the_lab_service_runs_each_users_jobs_as_them_and_shows_others_no_secret
             "POST", "notebooks", {**body, "parameters": {"TOKEN": "pw"}}, token=alice
         )
         nb_id = posted["job"]["id"]
-        deadline = time.monotonic() + 90
+        deadline = Deadline(90)
         while not service.api("GET", f"jobs/{nb_id}", token=alice)["outputs"]:
-            assert time.monotonic() < deadline, service.api("GET", f"jobs/{nb_id}", token=alice)
+            assert not deadline.expired(), service.api("GET", f"jobs/{nb_id}", token=alice)
             time.sleep(0.2)
         executed = nbformat.reads(_text(service, f"jobs/{nb_id}/output", alice), as_version=4)
         assert outputs_text(executed.cells[-1]) == "alice pw\n"

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from _fixtures_notebooks import write_notebook
 from _fixtures_owners import OwnersNode, running_owners_node, skip_reason
-from _fixtures_polling import wait_for
+from _fixtures_polling import scaled, wait_for
 from _fixtures_server import FAR_FUTURE
 from _fixtures_service import ServiceProcess
 from _fixtures_users import UnixUser, UserPython, unix_users, user_python
@@ -254,12 +254,13 @@ def test_his_revoked_token_ends_his_follow_and_taken_out_of_sudoers_his_next_job
                 await asyncio.sleep(0.05)
             assert tokens.revoke(lab.store, "bob") == 1
             revoked = time.monotonic()
-            await asyncio.wait_for(following, 5.0)
+            await asyncio.wait_for(following, within_s)
             return time.monotonic() - revoked
         finally:
             client.close()
 
-    assert asyncio.run(follow_then_revoke()) < 5.0
+    within_s = scaled(5.0)  # on a quiet box; longer while the machine is loaded
+    assert asyncio.run(follow_then_revoke()) < within_s
     assert lab.call(lab.bob, "GET", "jobs?limit=1")[0] == 401  # and the token opens nothing
 
     bob = tokens.mint(lab.store, "bob")

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from _fixtures_polling import wait_for_async
 from _fixtures_slurm import NODE, SlurmCluster
 
 from jupyter_gpusched.cluster.base import JobStatus
@@ -144,10 +145,7 @@ async def test_cancel_signals_the_job_which_gets_its_grace_to_checkpoint(
     )
     job = await launched(backend, make_job([sys.executable, "-c", code], gpus=1), at(0))
     await until(backend, job, started)
-    for _ in range(100):
-        if b"ready" in await backend.read_log(job):
-            break
-        await asyncio.sleep(0.1)
+    await wait_for_async(lambda: backend.read_log(job), lambda log: b"ready" in log)
 
     await backend.cancel(job, grace_s=10)
     done = await until(backend, job, ended)

@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from _fixtures_live_server import execute, notebook, text
+from _fixtures_polling import Deadline
 from _fixtures_server import ServerProcess
 from _fixtures_slurm import NODE, SlurmCluster
 
@@ -102,9 +103,9 @@ def client(slurm_server: SlurmServer) -> Iterator[GpuSchedClient]:
 def wait_for(
     client: GpuSchedClient, job_id: int, done: Callable[[JobView], bool], timeout_s: float = 60
 ) -> JobView:
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while not done(job := client.get_job(job_id)):
-        assert time.monotonic() < deadline, f"job {job_id}: {job.state} ({job.reason})"
+        assert not deadline.expired(), f"job {job_id}: {job.state} ({job.reason})"
         time.sleep(0.1)
     return job
 
@@ -143,11 +144,11 @@ def test_the_map_shows_the_slurm_nodes_gpus_ours_and_others(
     slurm_cluster.wait_job(theirs, {"RUNNING"})
     running = wait_for(client, ours.id, in_state("running"))
 
-    deadline = time.monotonic() + 30
+    deadline = Deadline(30)
     while True:
         (node,) = client.cluster().nodes
         states = {g.index: g.state for g in node.gpus}
-        if "foreign" in states.values() or time.monotonic() > deadline:
+        if "foreign" in states.values() or deadline.expired():
             break
         time.sleep(0.2)
     assert (node.name, node.up, len(node.gpus)) == (NODE, True, 4)

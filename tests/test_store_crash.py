@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fixtures_polling import scaled
 from _fixtures_postgres import postgres_server_url, postgres_url  # noqa: F401
 from alembic import command
 from alembic.runtime.migration import MigrationContext
@@ -124,23 +125,27 @@ def start_writer(*args: str) -> subprocess.Popen[str]:
 def read_then_kill(procs: list[subprocess.Popen[str]], lines: int) -> list[str]:
     """Read ``lines`` acknowledgements from each writer, then SIGKILL them all mid-write."""
     acked: list[str] = []
-    for proc in procs:
-        assert proc.stdout is not None
-        for _ in range(lines):
-            line = proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"writer died on its own: {proc.stderr.read()[-3000:]}")
-            acked.append(line.strip())
-    for proc in procs:
-        os.kill(proc.pid, signal.SIGKILL)
-    for proc in procs:
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-        # What it printed between our last read and the kill was committed too.
-        acked += [ln.strip() for ln in proc.stdout.read().splitlines() if ln.strip()]
-        proc.stdout.close()
-        proc.stderr.close()
-    return acked
+    late: list[str] = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stderr is not None
+            for _ in range(lines):
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"writer died on its own: {proc.stderr.read()[-3000:]}")
+                acked.append(line.strip())
+    finally:  # every writer killed, waited for and its pipes closed, whatever happened
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=scaled(30))
+            # What it printed between our last read and the kill was committed too.
+            late += proc.stdout.read().splitlines()  # type: ignore[union-attr]
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc.stderr.close()  # type: ignore[union-attr]
+    assert [proc.returncode for proc in procs] == [-signal.SIGKILL] * len(procs)
+    return acked + [ln.strip() for ln in late if ln.strip()]
 
 
 def assert_consistent(store: Store) -> None:

@@ -301,7 +301,7 @@ def test_kill_9_while_four_clients_submit_loses_no_acknowledged_job_and_leaves_n
             ),
             what="the orphaned writer to exit",
         )
-        time.sleep(0.3)
+        wait_for(lambda: failed, what="a client to feel the kill")
         stop.set()
         for t in threads:
             t.join()

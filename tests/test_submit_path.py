@@ -158,6 +158,7 @@ async def test_concurrent_submits_share_commits_and_each_gets_its_own_job(
 async def test_a_failed_group_commit_fails_its_submitters_and_the_next_one_works(
     mem_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    await mem_harness.drive()  # no pass of the loop places the job before it is looked at
     store = mem_harness.sched.store
     real = store.insert_queued  # the thread's commit (the memory harness has no writer)
     monkeypatch.setattr(

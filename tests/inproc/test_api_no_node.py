@@ -6,12 +6,12 @@ said nothing.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _fixtures_polling import wait_for_async
 
 if TYPE_CHECKING:
     from _fixtures_server import ApiClient
@@ -40,9 +40,8 @@ async def test_with_its_only_node_off_the_api_answers_and_jobs_queue(gpusched: A
     listed = await gpusched.json("GET", "jobs")
     assert [j["id"] for j in listed["jobs"]] == [job["id"]]
     await gpusched.json("GET", "policy")
-    for _ in range(100):  # a pass over the queue says why it waits
-        reason = (await gpusched.get(job["id"]))["reason"] or ""
-        if "no node is up" in reason:
-            break
-        await asyncio.sleep(0.05)
-    assert "no node is up (gpu1:" in reason
+    # a pass over the queue says why it waits
+    waiting = await wait_for_async(
+        lambda: gpusched.get(job["id"]), lambda job: "no node is up" in (job["reason"] or "")
+    )
+    assert "no node is up (gpu1:" in waiting["reason"]
