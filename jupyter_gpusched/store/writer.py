@@ -138,7 +138,8 @@ class StoreWriter:
             try:
                 await asyncio.wait_for(proc.wait(), STOP_WAIT_S)
             except TimeoutError:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # it exited meanwhile (a busy box)
+                    proc.kill()
                 await proc.wait()
 
     async def _start(self) -> None:
