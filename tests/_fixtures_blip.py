@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _fixtures_chaos import job_story, wait_ended
-from _fixtures_failover import audit, job_spec
+from _fixtures_chaos import job_story, outcomes, wait_ended
+from _fixtures_failover import job_spec
 from _fixtures_proxy import CuttableProxy
 from _fixtures_service import ServiceProcess
 from sqlalchemy import create_engine, text
@@ -195,15 +195,10 @@ def run_blips(
             report.blip_s.append(cut_s)
         found = wait_ended(service, ids, timeout_s)
         report.elapsed_s = time.monotonic() - began
-        seen = audit(runs)
-        for i in ids:
-            if found[i]["state"] != "succeeded":
-                report.not_succeeded[i] = f"{found[i]['state']}: {found[i].get('reason')}"
-            if found[i]["state"] == "lost" or i not in seen.starts:
-                report.lost.append(i)
-        report.run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
+        report.not_succeeded, report.lost, report.run_twice, report.overlaps = outcomes(
+            found, ids, runs
+        )
         report.killed = sorted({j for j, _ in _events(engine, "kill")})
-        report.overlaps = seen.overlaps
         for i in {*report.run_twice, *report.lost, *report.not_succeeded, *report.killed}:
             report.details[i] = job_story(engine, runs, i)
         if long_cut:

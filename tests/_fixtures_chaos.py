@@ -134,6 +134,25 @@ def wait_ended(service: ServiceProcess, ids: list[int], timeout_s: float) -> dic
         time.sleep(0.5)
 
 
+def outcomes(
+    found: dict[int, Any], ids: list[int], runs: Path
+) -> tuple[dict[int, str], list[int], list[int], list[str]]:
+    """What became of ``ids`` (as the API shows them, ``found``) and what the nodes saw.
+
+    Jobs not succeeded (with why), lost (ended lost, or never started), run twice, and GPU
+    overlaps.
+    """
+    seen = audit(runs)
+    not_succeeded = {
+        i: f"{found[i]['state']}: {found[i].get('reason')}"
+        for i in ids
+        if found[i]["state"] != "succeeded"
+    }
+    lost = [i for i in ids if found[i]["state"] == "lost" or i not in seen.starts]
+    run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
+    return not_succeeded, lost, run_twice, seen.overlaps
+
+
 def _starting(engine: Any) -> bool:
     with engine.connect() as conn:
         return bool(conn.execute(text("SELECT 1 FROM jobs WHERE state = 'starting'")).first())
@@ -201,14 +220,9 @@ def run_chaos(
             ids += report.retrying.ids
         found = wait_ended(service, ids, timeout_s)
         report.elapsed_s = time.monotonic() - began
-        seen = audit(runs)
-        for i in ids:
-            if found[i]["state"] != "succeeded":
-                report.not_succeeded[i] = f"{found[i]['state']}: {found[i].get('reason')}"
-            if found[i]["state"] == "lost" or i not in seen.starts:
-                report.lost.append(i)
-        report.run_twice = sorted(i for i, n in seen.starts.items() if n > 1)
-        report.overlaps = seen.overlaps
+        report.not_succeeded, report.lost, report.run_twice, report.overlaps = outcomes(
+            found, ids, runs
+        )
         for i in {*report.run_twice, *report.lost, *report.not_succeeded}:
             report.details[i] = job_story(engine, runs, i)
         time.sleep(1.0)  # a last poll and probe
