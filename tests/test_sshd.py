@@ -233,3 +233,18 @@ async def test_openssh_forwards_a_port(backend: SshBackend) -> None:
         service.close()
         await service.wait_closed()
     assert answer == b"pong:ping\n"
+
+
+@pytest.mark.asyncio
+async def test_input_to_a_command_that_exits_without_reading_it_is_its_exit_over_openssh(
+    backend: SshBackend,
+) -> None:
+    """sudo refusing an owner exits before it reads the spec on stdin; that refusal must
+    reach the caller as the command's exit, not as "Channel not open for sending"."""
+    refusals = await asyncio.gather(
+        *(
+            backend.run("sshd0", ["sh", "-c", "echo no >&2; exit 1"], input="x" * (1 << 20))
+            for _ in range(12)
+        )
+    )
+    assert set(refusals) == {(1, "", "no\n")}

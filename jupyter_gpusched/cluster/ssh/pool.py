@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -345,12 +346,46 @@ class NodePool:
         on timeout, and (with ``check``) on a non-zero exit, quoting the end of stderr;
         :class:`AccountError` when the owner cannot log in or sudo refuses them.
         """
+        if input is not None:  # written as a stream: sudo may refuse and exit before reading it
+            data = input.encode() if isinstance(input, str) else input
+            result = await self.feed(
+                node, argv, io.BytesIO(data), user=user, timeout_s=timeout_s or 600.0
+            )
+            if encoding is not None:
+                result = RemoteResult(
+                    result.exit_status,
+                    result.stdout.decode(encoding, errors="replace"),
+                    result.stderr.decode(encoding, errors="replace"),
+                )
+        else:
+            result = await self._run_plain(
+                node, argv, user=user, timeout_s=timeout_s, encoding=encoding
+            )
+        if check and result.exit_status != 0:
+            tail = result.stderr[-2000:] if result.stderr else ""
+            if isinstance(tail, bytes):
+                tail = tail.decode(errors="replace")
+            raise BackendError(
+                f"node {node}: {argv[0]} exited with {result.exit_status}: {tail.strip()}"
+            )
+        return result
+
+    async def _run_plain(
+        self,
+        node: str,
+        argv: Sequence[str],
+        *,
+        user: str | None,
+        timeout_s: float | None,
+        encoding: str | None,
+    ) -> RemoteResult:
         st = self._node(node)
         line = command_line(st.cfg, argv, user)
         async with self._channel(st, f"running {argv[0]}", user) as conn:
-            stdin = {"input": input} if input is not None else {"stdin": asyncssh.DEVNULL}
             try:
-                done = await conn.run(line, timeout=timeout_s, encoding=encoding, **stdin)
+                done = await conn.run(
+                    line, timeout=timeout_s, encoding=encoding, stdin=asyncssh.DEVNULL
+                )
             except asyncssh.TimeoutError:
                 raise BackendError(
                     f"node {node}: {argv[0]} did not finish within "
@@ -358,13 +393,7 @@ class NodePool:
                 ) from None
         code = done.returncode if done.returncode is not None else -1
         sudo_refused(st.cfg, user, done.returncode, done.stderr)
-        result = RemoteResult(code, done.stdout, done.stderr)
-        if check and code != 0:
-            tail = result.stderr[-2000:] if result.stderr else ""
-            if isinstance(tail, bytes):
-                tail = tail.decode(errors="replace")
-            raise BackendError(f"node {node}: {argv[0]} exited with {code}: {tail.strip()}")
-        return result
+        return RemoteResult(code, done.stdout, done.stderr)
 
     async def feed(
         self,
