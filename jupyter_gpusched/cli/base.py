@@ -18,9 +18,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from jupyter_core.application import JupyterApp, base_aliases, base_flags
-from traitlets import Container, Dict, Float, Int, TraitError, Unicode
+from traitlets import Bool, Container, Dict, Enum, Float, Int, List, TraitError, TraitType, Unicode
 from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader, _KVArgParser
 
+from jupyter_gpusched.client.options import OPTIONS, OptionError, options_of, split_argv
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
@@ -112,6 +113,58 @@ class IsoTime(Unicode):  # type: ignore[type-arg]
         return when.isoformat()
 
 
+class Number(Float):  # type: ignore[type-arg]
+    """A number > 0 that says so when it is not."""
+
+    def from_string(self, s: str) -> float | None:  # noqa: D102
+        if self.allow_none and s == "None":
+            return None
+        try:
+            return OPTIONS["--cpus"].parse(s)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+
+
+#: The trait of each kind of option value in :mod:`jupyter_gpusched.client.options`.
+_TRAITS: dict[str, type[TraitType[Any, Any]]] = {
+    "count": Count,
+    "size": Size,
+    "duration": Duration,
+    "share": Share,
+    "number": Number,
+    "text": Unicode,
+}
+
+
+def option_trait(flag: str) -> TraitType[Any, Any]:
+    """The config trait of one option of the grammar: its help, its reading of values."""
+    option = OPTIONS[flag]
+    if option.kind == "flag":
+        return Bool(False, help=option.help).tag(config=True)
+    if option.kind == "list":
+        return List(Unicode(), help=option.help).tag(config=True)
+    if option.kind == "choice":
+        return Enum(option.choices, None, allow_none=True, help=option.help).tag(config=True)
+    return _TRAITS[option.kind](None, allow_none=True, help=option.help).tag(config=True)
+
+
+def option_aliases(command: str, cls: str) -> dict[Any, str]:
+    """``--gpus`` for ``--<cls>.gpus``, and so on, for every option of ``command``."""
+    aliases: dict[Any, str] = {}
+    for option in options_of(command):
+        if option.kind != "flag":
+            key = (option.short[1:], option.word) if option.short else option.word
+            aliases[key] = f"{cls}.{option.name}"
+    return aliases
+
+
+def option_flags(command: str, cls: str) -> dict[str, Any]:
+    """The options of ``command`` that take no value, as traitlets flags."""
+    return {
+        o.word: ({cls: {o.name: True}}, o.help) for o in options_of(command) if o.kind == "flag"
+    }
+
+
 # ---------------------------------------------------------------------------- parsing
 
 
@@ -119,7 +172,7 @@ class _OneLineParser(_KVArgParser):
     """Argument errors as one line and exit status 2, not argparse's usage block."""
 
     def error(self, message: str) -> NoReturn:  # noqa: D102
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _Loader(KVArgParseConfigLoader):
@@ -130,6 +183,36 @@ class _Loader(KVArgParseConfigLoader):
     """
 
     parser_class = _OneLineParser
+
+    def _parse_args(self, args: Any) -> Any:
+        """Refuse an option nobody knows, before traitlets warns and goes on without it."""
+        argv = [str(a) for a in args]
+        if "--" in argv:
+            argv = argv[: argv.index("--")]
+        takes_value, flags = set(), set()
+        for keys in self.aliases:
+            takes_value.update(_spellings(keys))
+        for keys in self.flags:
+            flags.update(_spellings(keys))
+        traits = {
+            f"--{cls.__name__}.{name}": trait
+            for cls in self.classes
+            for name, trait in cls.class_traits(config=True).items()
+        }
+        takes_value -= flags  # an alias that is a flag too may go without a value
+        try:
+            split_argv(
+                argv,
+                takes_value | set(traits),
+                flags | {"-h", "--help", "--help-all"},
+                hint=f"(the command's own options go after '--': {self.parser.prog} "
+                "[OPTIONS] -- COMMAND ARGS...)"
+                if self.parser.prog.endswith(" submit")
+                else "",
+            )
+        except OptionError as exc:
+            self.parser.error(str(exc))
+        return super()._parse_args(args)
 
     def _convert_to_config(self) -> None:
         options = {}
@@ -149,6 +232,12 @@ class _Loader(KVArgParseConfigLoader):
             except (TraitError, ValueError) as exc:
                 self.parser.error(f"argument {options.get(name, '--' + name)}: {exc}")
         super()._convert_to_config()
+
+
+def _spellings(keys: Any) -> list[str]:
+    return [
+        f"-{k}" if len(k) == 1 else f"--{k}" for k in (keys if isinstance(keys, tuple) else (keys,))
+    ]
 
 
 class GpuSchedCommand(JupyterApp):
@@ -196,7 +285,7 @@ class GpuSchedCommand(JupyterApp):
 
     def fail(self, message: str) -> NoReturn:
         """One usage line on stderr, exit 2."""
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         self.exit(2)
         raise AssertionError  # pragma: no cover - exit raises
 
