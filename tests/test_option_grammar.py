@@ -249,6 +249,11 @@ def test_magic_submit_sets_env_at_and_timezone_instead_of_passing_them_to_the_sc
             "%gpu submit-notebook nb.ipynb --timezon UTC",
             "unknown option --timezon; did you mean --timezone? (see %gpu submit-notebook --help)",
         ),
+        ("%gpu queue --al", "unknown option --al; did you mean --all? (see %gpu queue --help)"),
+        (
+            "%gpu logs 3 --folow",
+            "unknown option --folow; did you mean --follow? (see %gpu logs --help)",
+        ),
         (
             "%%gpu --gpus 1 extra\nprint(1)",
             "%%gpu takes options only, not 'extra' (see %gpu --help)",

@@ -119,9 +119,12 @@ def _parse(func: Any, argv: list[str]) -> Any:
     if _wants_help(argv):
         print(parser.format_help().replace("::\n\n  %", "usage: %", 1))
         return None
+    takes_value = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}
+    flags = {o for a in parser._actions if a.nargs == 0 for o in a.option_strings}
     try:
+        split_argv(argv, takes_value, flags)  # a misspelt option says which was meant
         return parser.parse_args(argv)
-    except UsageError as exc:
+    except (UsageError, OptionError) as exc:
         raise UsageError(f"{exc} (see %{parser.prog} --help)") from None
 
 
