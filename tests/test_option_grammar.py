@@ -287,3 +287,15 @@ def test_every_help_a_message_points_to_works_and_names_the_magic_once(
     assert usage in out.splitlines()
     assert "%%%" not in out and "::" not in out
     assert "%%%" not in shell.find_magic("gpu").__doc__
+
+
+def test_the_api_names_the_field_meant_for_a_misspelt_one(live_server: Any) -> None:
+    from jupyter_gpusched.client.api import ApiError, GpuSchedClient
+
+    client = GpuSchedClient(live_server.url, live_server.token)
+    with pytest.raises(ApiError) as refused:
+        client.submit(kind="script", command=["true"], gpu=2)
+    assert refused.value.status == 422
+    assert refused.value.message == "gpu: unknown field; did you mean 'gpus'?"
+    with pytest.raises(ApiError, match=r"at: a cron expression repeats notebooks only"):
+        client.submit(kind="script", command=["true"], at="0 2 * * *")

@@ -537,4 +537,4 @@ def parse_body(model: type[M], data: Any, example: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise invalid_field(exc) from None
+        raise invalid_field(exc, model) from None
