@@ -66,7 +66,11 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         (["cancel", "--aray", "3"], "unknown option --aray; did you mean --array?"),
         (["nodes", "--jsn"], "unknown option --jsn; did you mean --json?"),
         (["definitions", "--usr", "me"], "unknown option --usr; did you mean --user?"),
-        (["kernelspec", "add", "--name", "k", "--gpu", "2"], "did you mean --gpus?"),
+        # --prefix where nothing can be written: a run that took the typo installs nothing
+        (
+            ["kernelspec", "add", "--name", "k", "--gpu", "2", "--prefix", "/dev/null/x"],
+            "did you mean --gpus?",
+        ),
         (["policy", "--att", "now"], "unknown option --att; did you mean --at?"),
         (["demo", "--frobnicate"], "unknown option --frobnicate"),
         (["--gpus", "2"], "unknown option --gpus"),
@@ -81,19 +85,42 @@ def test_an_unknown_option_is_an_error_naming_the_one_meant_in_every_subcommand(
     assert "Unrecognized" not in err and "WARNING" not in err
 
 
-def test_the_installed_command_refuses_gpu_for_gpus_instead_of_queueing_one_gpu() -> None:
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["submit", "--gpu", "2", "--", "python", "train.py"],
+            "jupyter gpusched submit: error: unknown option --gpu; did you mean --gpus? "
+            "(see jupyter gpusched submit --help)\n",
+        ),
+        # the service is a Jupyter server of its own: it warned and started without the option
+        (
+            ["service", "--prot", "1234"],
+            "jupyter gpusched service: error: unknown option --prot; did you mean --port? "
+            "(see jupyter gpusched service --help)\n",
+        ),
+        (
+            ["service", "--GpuSchedApp.stor_url=sqlite://"],
+            "jupyter gpusched service: error: unknown option --GpuSchedApp.stor_url; did you "
+            "mean --GpuSchedApp.store_url? (see jupyter gpusched service --help)\n",
+        ),
+        (
+            ["service", "token", "--lst"],
+            "jupyter gpusched service token: error: unknown option --lst; did you mean "
+            "--list? (see jupyter gpusched service token --help)\n",
+        ),
+    ],
+)
+def test_the_installed_command_refuses_a_misspelt_option_instead_of_going_on(
+    argv: list[str], said: str
+) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter_gpusched.cli.app", "submit", "--gpu", "2"]
-        + ["--", "python", "train.py"],
+        [sys.executable, "-m", "jupyter_gpusched.cli.app", *argv],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == (
-        "jupyter gpusched submit: error: unknown option --gpu; did you mean --gpus? "
-        "(see jupyter gpusched submit --help)\n"
-    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", said)
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from jupyter_core.application import JupyterApp, base_aliases, base_flags
 from traitlets import Bool, Container, Dict, Enum, Float, Int, List, TraitError, TraitType, Unicode
-from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader, _KVArgParser
+from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader
 
-from jupyter_gpusched.client.options import OPTIONS, OptionError, options_of, split_argv
+from jupyter_gpusched.client.options import OPTIONS, options_of
+from jupyter_gpusched.core.cmdline import StrictLoader
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
@@ -168,51 +169,12 @@ def option_flags(command: str, cls: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- parsing
 
 
-class _OneLineParser(_KVArgParser):
-    """Argument errors as one line and exit status 2, not argparse's usage block."""
-
-    def error(self, message: str) -> NoReturn:  # noqa: D102
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class _Loader(KVArgParseConfigLoader):
-    """traitlets' command-line loader, checking each value as it reads it.
+class _Loader(StrictLoader):
+    """traitlets' command-line loader, refusing unknown options, checking each value it reads.
 
     traitlets converts values only when it applies the config, where an error has lost the
     option's name; converting here names it (``argument --gpus: 'two' is not a whole number``).
     """
-
-    parser_class = _OneLineParser
-
-    def _parse_args(self, args: Any) -> Any:
-        """Refuse an option nobody knows, before traitlets warns and goes on without it."""
-        argv = [str(a) for a in args]
-        if "--" in argv:
-            argv = argv[: argv.index("--")]
-        takes_value, flags = set(), set()
-        for keys in self.aliases:
-            takes_value.update(_spellings(keys))
-        for keys in self.flags:
-            flags.update(_spellings(keys))
-        traits = {
-            f"--{cls.__name__}.{name}": trait
-            for cls in self.classes
-            for name, trait in cls.class_traits(config=True).items()
-        }
-        takes_value -= flags  # an alias that is a flag too may go without a value
-        try:
-            split_argv(
-                argv,
-                takes_value | set(traits),
-                flags | {"-h", "--help", "--help-all"},
-                hint=f"(the command's own options go after '--': {self.parser.prog} "
-                "[OPTIONS] -- COMMAND ARGS...)"
-                if self.parser.prog.endswith(" submit")
-                else "",
-            )
-        except OptionError as exc:
-            self.parser.error(str(exc))
-        return super()._parse_args(args)
 
     def _convert_to_config(self) -> None:
         options = {}
@@ -232,12 +194,6 @@ class _Loader(KVArgParseConfigLoader):
             except (TraitError, ValueError) as exc:
                 self.parser.error(f"argument {options.get(name, '--' + name)}: {exc}")
         super()._convert_to_config()
-
-
-def _spellings(keys: Any) -> list[str]:
-    return [
-        f"-{k}" if len(k) == 1 else f"--{k}" for k in (keys if isinstance(keys, tuple) else (keys,))
-    ]
 
 
 class GpuSchedCommand(JupyterApp):
@@ -268,7 +224,13 @@ class GpuSchedCommand(JupyterApp):
     def _create_loader(  # type: ignore[override]
         self, argv: list[str] | None, aliases: Any, flags: Any, classes: Any
     ) -> KVArgParseConfigLoader:
-        return _Loader(argv, aliases, flags, classes=classes, log=self.log, prog=self.prog)
+        loader = _Loader(argv, aliases, flags, classes=classes, log=self.log, prog=self.prog)
+        if self.command == "submit":
+            loader.hint = (
+                f"(the command's own options go after '--': {self.prog} [OPTIONS] -- "
+                "COMMAND ARGS...)"
+            )
+        return loader
 
     def initialize(self, argv: Any = None) -> None:
         """Read the arguments and config files, then check them (:meth:`check`)."""
