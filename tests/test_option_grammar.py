@@ -74,6 +74,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         (["policy", "--att", "now"], "unknown option --att; did you mean --at?"),
         (["demo", "--frobnicate"], "unknown option --frobnicate"),
         (["--gpus", "2"], "unknown option --gpus"),
+        (["simulate", "--jsn"], "unknown option --jsn; did you mean --json?"),
+        (["simulate", "--jso"], "unknown option --jso; did you mean --json?"),  # no abbreviation
     ],
 )
 def test_an_unknown_option_is_an_error_naming_the_one_meant_in_every_subcommand(

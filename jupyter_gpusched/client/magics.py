@@ -25,6 +25,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from jupyter_gpusched.core.api import JobView, NotebookSubmitted
+from jupyter_gpusched.core.cmdline import check_argparse
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.progress import ProgressFilter
 
@@ -119,10 +120,8 @@ def _parse(func: Any, argv: list[str]) -> Any:
     if _wants_help(argv):
         print(parser.format_help().replace("::\n\n  %", "usage: %", 1))
         return None
-    takes_value = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}
-    flags = {o for a in parser._actions if a.nargs == 0 for o in a.option_strings}
     try:
-        split_argv(argv, takes_value, flags)  # a misspelt option says which was meant
+        check_argparse(parser, argv)  # a misspelt option says which was meant
         return parser.parse_args(argv)
     except (UsageError, OptionError) as exc:
         raise UsageError(f"{exc} (see %{parser.prog} --help)") from None

@@ -9,6 +9,7 @@ Standard library and traitlets only.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import re
 from collections.abc import Callable, Iterable
@@ -71,6 +72,18 @@ def split_argv(
             raise OptionError(said)
         i += 1
     return ours, others
+
+
+def check_argparse(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option ``parser`` does not know (or abbreviates), naming the one meant.
+
+    argparse says only "unrecognized arguments", and takes ``--al`` for ``--all``.
+    """
+    actions = parser._actions
+    takes_value = {o for a in actions if a.nargs != 0 for o in a.option_strings}
+    flags = {o for a in actions if a.nargs == 0 for o in a.option_strings}
+    cut = argv.index("--") if "--" in argv else len(argv)
+    split_argv(argv[:cut], takes_value, flags)
 
 
 def _spellings(keys: Any) -> list[str]:
