@@ -245,6 +245,13 @@ def test_magic_submit_sets_env_at_and_timezone_instead_of_passing_them_to_the_sc
     assert job.spec.env == {"STEPS": "20"}
     assert job.spec.not_before == BERLIN_START
 
+    # --mem is host memory now: said once per kernel, where it used to mean GPU memory
+    for said in (f"%gpu: note: {MEM_NOTE}\n", ""):
+        result, out, err = _cell(shell, f"%gpu submit --mem 2G --at {BERLIN_TIME} job.py")
+        assert result.success and err == said
+        _cancel(live_server, result.result.id)
+        assert (result.result.spec.mem_gb, result.result.spec.gpu_mem_gb) == (2, None)
+
     result, out, err = _cell(
         shell,
         f"%gpu submit-notebook params.ipynb -p lr=0.5 --at {BERLIN_TIME} "

@@ -6,9 +6,11 @@ REST API of the Jupyter server that started the kernel (found through ``$GPUSCHE
 files of the runtime dir, preferring the kernel's parent server).
 
 A ``%%gpu`` cell acquires (or reuses) a lease -- one per notebook by default, more with
-``--lease NAME`` -- and runs in the lease's remote ipykernel (:mod:`.leases`). Arguments are
-IPython ``magic_arguments``, one parser per line command; every failure a user should read is
-an :class:`~IPython.core.error.UsageError`: one line, no traceback.
+``--lease NAME`` -- and runs in the lease's remote ipykernel (:mod:`.leases`). The options of
+``%%gpu``, ``submit`` and ``submit-notebook`` are the job options of the CLI, from the one
+grammar of :mod:`.options` (the same spelling, help and meaning; a misspelt one names the one
+meant); the other line commands use IPython ``magic_arguments``. Every failure a user should
+read is an :class:`~IPython.core.error.UsageError`: one line, no traceback.
 """
 
 from __future__ import annotations
