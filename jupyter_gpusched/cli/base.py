@@ -3,8 +3,11 @@
 Each subcommand is a :class:`GpuSchedCommand`: its options are traits, so they work as in every
 Jupyter command (``--QueueApp.limit=20`` on the command line, ``c.QueueApp.limit = 20`` in
 ``jupyter_gpusched_config.py``, ``c.GpuSchedCommand.url = ...`` for all of them); the short
-forms (``--limit 20``) are aliases. Bad arguments print one line and exit 2, before any server
-is asked; a refusal by the server (or none found) prints one line and exits 1.
+forms (``--limit 20``) are aliases. The options of a job are the grammar's
+(:mod:`jupyter_gpusched.client.options`), the same as the ``%gpu`` magic's. Bad arguments print
+one line and exit 2, before any server is asked -- a misspelt option too, naming the one meant
+(traitlets itself only warns and goes on); a refusal by the server (or none found) prints one
+line and exits 1.
 
 Imports stay light: traitlets, jupyter_core and the standard library; the client (pydantic) is
 imported when a command runs, never jupyter_server, tornado, SQLAlchemy or IPython.
@@ -14,14 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from jupyter_core.application import JupyterApp, base_aliases, base_flags
 from traitlets import Bool, Container, Dict, Enum, Float, Int, List, TraitError, TraitType, Unicode
 from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader
 
-from jupyter_gpusched.client.options import OPTIONS, options_of
+from jupyter_gpusched.client.options import OPTIONS, PARSE, options_of
 from jupyter_gpusched.core.cmdline import StrictLoader
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
@@ -101,19 +103,6 @@ class Share(Float):  # type: ignore[type-arg]
         return value
 
 
-class IsoTime(Unicode):  # type: ignore[type-arg]
-    """An ISO 8601 time with a timezone."""
-
-    def from_string(self, s: str) -> str | None:  # noqa: D102
-        try:
-            when = datetime.fromisoformat(s)
-        except ValueError:
-            raise TraitError(f"{s!r} is not an ISO time") from None
-        if when.tzinfo is None:
-            raise TraitError("needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
-        return when.isoformat()
-
-
 class Number(Float):  # type: ignore[type-arg]
     """A number > 0 that says so when it is not."""
 
@@ -121,7 +110,7 @@ class Number(Float):  # type: ignore[type-arg]
         if self.allow_none and s == "None":
             return None
         try:
-            return OPTIONS["--cpus"].parse(s)  # type: ignore[no-any-return]
+            return PARSE["number"](s)  # type: ignore[no-any-return]
         except ValueError as exc:
             raise TraitError(str(exc)) from None
 
