@@ -134,8 +134,12 @@ def option_trait(flag: str) -> TraitType[Any, Any]:
     if option.kind == "list":
         return List(Unicode(), help=option.help).tag(config=True)
     if option.kind == "choice":
-        return Enum(option.choices, None, allow_none=True, help=option.help).tag(config=True)
-    return _TRAITS[option.kind](None, allow_none=True, help=option.help).tag(config=True)
+        trait = Enum(option.choices, None, allow_none=True, help=option.help)
+    else:
+        trait = _TRAITS[option.kind](None, allow_none=True, help=option.help)
+    # left out, the request leaves it to the server: --help says so rather than "None"
+    trait.default_value_repr = lambda: "unset (the server's default)"  # type: ignore[method-assign]
+    return trait.tag(config=True)
 
 
 def option_aliases(command: str, cls: str) -> dict[Any, str]:
