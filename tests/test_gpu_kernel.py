@@ -448,6 +448,26 @@ async def test_cancelling_a_waiting_gpu_kernel_in_the_server_is_a_409_not_a_500(
     await until(lambda: live_leases(server) == [], what="the leases to end")
 
 
+async def test_one_sigterm_stops_the_server_after_gpu_kernel_starts_ended_early(
+    tmp_path: Path,
+) -> None:
+    # a failed start stayed among jupyter_client's pending kernels: at shutdown "HTTP 404 ...
+    # Kernel does not exist" stopped the cleanup, and a second SIGTERM was needed
+    server = start_server(tmp_path, window={})
+    try:
+        blockers = await block_every_gpu(server)
+        first = asyncio.ensure_future(open_session(server, "stop.ipynb"))
+        (lease,) = await until(lambda: queued_lease(server, "stop.ipynb"), what="a lease")
+        second = asyncio.ensure_future(open_session(server, "stop.ipynb"))  # a reload
+        assert (await asyncio.wait_for(first, scaled(60)))[0] == 409
+        unblock(server, blockers)
+        assert (await asyncio.wait_for(second, scaled(60)))["kernel"]["id"]  # runs
+    finally:
+        code = server.stop(timeout_s=scaled(30))
+    assert code == 0, "the server did not stop on one SIGTERM"
+    assert "Kernel does not exist" not in server.log_text()
+
+
 async def test_a_notebook_opened_again_while_its_kernel_waits_takes_over_the_waiting_lease(
     server: ServerProcess,
 ) -> None:

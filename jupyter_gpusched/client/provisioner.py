@@ -164,10 +164,23 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             return await self._launch()
         except GpuKernelNotStarted as exc:
             self.log.info("GPU kernel %s: %s", self.kernel_id, exc)
+            self._forget_failed_start()
             raise
         except BaseException:
             await self._release("its kernel did not start")
+            self._forget_failed_start()
             raise
+
+    def _forget_failed_start(self) -> None:
+        """Drop this kernel from its manager's pending starts.
+
+        jupyter_client keeps a kernel whose first start failed among the pending ones for good;
+        the server's shutdown then shuts it down, gets "404 Kernel does not exist" and goes no
+        further: `jupyter lab` did not stop on one SIGTERM.
+        """
+        pending = getattr(getattr(self.parent, "parent", None), "_pending_kernels", None)
+        if isinstance(pending, dict):
+            pending.pop(self.kernel_id, None)
 
     async def post_launch(self, **kwargs: Any) -> None:
         """Watch the lease and the kernel from now on."""
