@@ -130,9 +130,10 @@ class KernelLease:
             if job.state is JobState.RUNNING:
                 return job
             if job.state is JobState.CANCELLED:
+                why = job.reason if (job.reason or "").startswith("cancelled") else None
                 raise GpuKernelNotStarted(
-                    f"GPU kernel not started: lease {job.id} cancelled "
-                    f"({job.reason or 'by its owner'})"
+                    f"GPU kernel not started: lease {job.id} "
+                    + (why or f"cancelled ({job.reason or 'by its owner'})")
                 )
             if job.state in TERMINAL_STATES:
                 raise GpuKernelError(

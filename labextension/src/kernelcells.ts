@@ -13,11 +13,14 @@ import { IJob } from './types';
 
 /** The class of a cell kept until its notebook's kernel starts. */
 export const QUEUED_CLASS = 'jp-gpusched-queuedCell';
+/** How soon after a start ended on purpose JupyterLab's "Select Kernel" dialog is closed. */
+const QUIET_MS = 5000;
 
 export class KernelCells {
   private _queues = new Map<NotebookPanel, CodeCell[]>();
   /** Kernel id -> the notebook it served and its kernel's name (kept after it is gone). */
   private _kernels = new Map<string, { panel: NotebookPanel; name: string }>();
+  private _quietUntil = 0;
 
   constructor(private readonly tracker: INotebookTracker) {
     NotebookActions.executionScheduled.connect(this._scheduled, this);
@@ -128,15 +131,25 @@ export class KernelCells {
     }
   }
 
-  /** Close an "Error Starting Kernel" dialog about a start that ended on purpose. */
+  /**
+   * Close an "Error Starting Kernel" dialog about a start that ended on purpose, and the
+   * "Select Kernel" dialog JupyterLab opens right after it: the user chose no kernel.
+   */
   private _quiet(dialog: Dialog<unknown>): void {
     const text = dialog.node.textContent ?? '';
-    if (!text.includes('Error Starting Kernel') || !notStartedOnPurpose(text)) {
+    // its title may render after the body ("Select kernel for: …")
+    if (/select kernel/i.test(text) && Date.now() < this._quietUntil) {
+      this._quietUntil = 0;
+      dialog.reject();
       return;
     }
+    const message = dialog.node.querySelector('pre')?.textContent ?? '';
+    if (!text.includes('Error Starting Kernel') || !notStartedOnPurpose(message)) {
+      return;
+    }
+    this._quietUntil = Date.now() + QUIET_MS;
     dialog.reject();
-    const detail = /GPU kernel not started[^\n]*/.exec(text)?.[0] ?? 'GPU kernel not started';
-    Notification.info(`${detail}. The notebook has no kernel now; pick one to run its cells.`, {
+    Notification.info(`${message}. The notebook has no kernel now; pick one to run its cells.`, {
       autoClose: 10000
     });
   }
