@@ -330,7 +330,8 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _launch(self) -> KernelConnectionInfo:
         restarting, moved, old_pid = self._restarting, self._moved, self._pid
-        key = self._waiting_key()
+        # only a first start may be taken over: a started kernel's session re-attaches as is
+        key = self._waiting_key() if old_pid is None else None
         if key is not None:
             _WAITING[key] = self
         try:
