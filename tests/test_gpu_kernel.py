@@ -204,6 +204,9 @@ async def test_the_notebook_picks_its_gpu_and_a_changed_request_takes_a_new_leas
         first = lease_of(server, km.kernel_id)
         assert first["placement"]["node"] == "g1"  # the T4 node
         assert first["spec"]["labels"]["gpusched.notebook"] == "t4.ipynb"
+        # named after its notebook (the panel's notebook column reads the lease's name)
+        assert first["spec"]["lease_name"] == f"{notebook}:kernel"
+        assert first["spec"]["name"] == "t4.ipynb · Python 3 (1 GPU)"
         write_notebook(notebook, {"gpu_models": ["A100"], "gpu_mem_gb": "20G"})
         await km.restart_kernel()
         second = lease_of(server, km.kernel_id)
@@ -390,6 +393,107 @@ async def test_culling_a_gpu_kernel_in_the_server_releases_its_lease(
     ended = api(culling_server, "GET", f"jobs/{lease['id']}")
     assert ended["state"] in ("cancelled", "succeeded")
     assert live_leases(culling_server) == []
+
+
+async def block_every_gpu(server: ServerProcess) -> list[dict[str, Any]]:
+    """Batch jobs running on every GPU, each allowed 10 minutes (the window preempts nothing)."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    specs = [{"kind": "script", "command": sleep, "gpus": n, "max_runtime_s": 600} for n in (4, 2)]
+    blockers = [api(server, "POST", "jobs", spec) for spec in specs]
+    for blocker in blockers:
+        await until(lambda b=blocker: api(server, "GET", f"jobs/{b['id']}")["state"] == "running")
+    return blockers
+
+
+def unblock(server: ServerProcess, blockers: list[dict[str, Any]]) -> None:
+    for blocker in blockers:
+        if api(server, "GET", f"jobs/{blocker['id']}")["state"] == "running":
+            api(server, "DELETE", f"jobs/{blocker['id']}")
+
+
+async def open_session(server: ServerProcess, path: str) -> Any:
+    """``POST api/sessions`` for a GPU notebook, as JupyterLab opens one: the answer, or the
+    HTTP error (it blocks while the kernel waits)."""
+    import urllib.error
+
+    body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": "gpusched-1gpu"}}
+    try:
+        return await asyncio.to_thread(rest, server, "POST", "api/sessions", body)
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())["message"]
+
+
+def queued_lease(server: ServerProcess, notebook: str, query: str = "&state=queued") -> list[Any]:
+    """The leases (queued ones by default) of ``notebook``'s GPU kernels."""
+    jobs = api(server, "GET", f"jobs?kind=lease{query}")["jobs"]
+    return [j for j in jobs if j["spec"]["labels"].get("gpusched.notebook") == notebook]
+
+
+async def test_cancelling_a_waiting_gpu_kernel_in_the_server_is_a_409_not_a_500(
+    server: ServerProcess,
+) -> None:
+    blockers = await block_every_gpu(server)
+    try:
+        opening = asyncio.ensure_future(open_session(server, "cancel-me.ipynb"))
+        (lease,) = await until(lambda: queued_lease(server, "cancel-me.ipynb"), what="a lease")
+        api(server, "DELETE", f"leases/{lease['id']}")
+        status, message = await asyncio.wait_for(opening, scaled(60))
+        assert status == 409
+        assert message.startswith(f"GPU kernel not started: lease {lease['id']} cancelled")
+        log = server.log_text()
+        assert " 500 POST /api/sessions" not in log and "Traceback" not in log
+    finally:
+        unblock(server, blockers)
+    await until(lambda: live_leases(server) == [], what="the leases to end")
+
+
+async def test_one_sigterm_stops_the_server_after_gpu_kernel_starts_ended_early(
+    tmp_path: Path,
+) -> None:
+    # a failed start stayed among jupyter_client's pending kernels: at shutdown "HTTP 404 ...
+    # Kernel does not exist" stopped the cleanup, and a second SIGTERM was needed
+    server = start_server(tmp_path, window={})
+    try:
+        blockers = await block_every_gpu(server)
+        first = asyncio.ensure_future(open_session(server, "stop.ipynb"))
+        (lease,) = await until(lambda: queued_lease(server, "stop.ipynb"), what="a lease")
+        second = asyncio.ensure_future(open_session(server, "stop.ipynb"))  # a reload
+        assert (await asyncio.wait_for(first, scaled(60)))[0] == 409
+        unblock(server, blockers)
+        assert (await asyncio.wait_for(second, scaled(60)))["kernel"]["id"]  # runs
+    finally:
+        code = server.stop(timeout_s=scaled(30))
+    assert code == 0, "the server did not stop on one SIGTERM"
+    assert "Kernel does not exist" not in server.log_text()
+
+
+async def test_a_notebook_opened_again_while_its_kernel_waits_takes_over_the_waiting_lease(
+    server: ServerProcess,
+) -> None:
+    blockers = await block_every_gpu(server)
+    try:
+        first = asyncio.ensure_future(open_session(server, "reloaded.ipynb"))
+        (lease,) = await until(lambda: queued_lease(server, "reloaded.ipynb"), what="a lease")
+        # the page is reloaded: JupyterLab finds no session yet and asks for a kernel again
+        second = asyncio.ensure_future(open_session(server, "reloaded.ipynb"))
+        status, message = await asyncio.wait_for(first, scaled(60))
+        assert status == 409 and "took over lease" in message
+        assert [j["id"] for j in queued_lease(server, "reloaded.ipynb")] == [lease["id"]]
+        unblock(server, blockers)
+        session = await asyncio.wait_for(second, scaled(60))
+        assert [s["kernel"]["id"] for s in rest(server, "GET", "api/sessions")] == [
+            session["kernel"]["id"]
+        ]
+        ran = api(server, "GET", f"jobs/{lease['id']}")
+        assert ran["state"] == "running"  # the one lease, no second request for GPUs
+        assert len(queued_lease(server, "reloaded.ipynb", query="")) == 1
+        node, gpu = ran["placement"]["node"], ran["placement"]["gpu_indices"][0]
+        await until(lambda: f"ready on {node} GPU {gpu} (lease {lease['id']})" in server.log_text())
+        rest(server, "DELETE", f"api/sessions/{session['id']}")
+    finally:
+        unblock(server, blockers)
+    await until(lambda: live_leases(server) == [], what="the leases to end")
 
 
 # ------------------------------------------------------------------ the lab-wide service

@@ -457,6 +457,34 @@ async def test_idle_lease_is_reclaimed_after_the_window_timeout(tmp_path: Path) 
         assert "idle" in (h.job(lease.id).reason or "")
 
 
+async def test_a_lease_s_idle_time_counts_from_its_kernel_s_first_answer_not_the_grant(
+    tmp_path: Path,
+) -> None:
+    # a kernel still starting over SSH on a busy node is not idle (night: 2 h idle timeout)
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT, commands=LEASE_KERNEL) as h:
+        lease = h.sched.submit(parse_spec({"kind": "lease", "gpus": 1}, user="bob"))
+        await h.settle(lease.id, state=JobState.RUNNING)
+        assert h.job(lease.id).last_activity_at is None  # its kernel has not answered yet
+        h.clock.advance(2 * 3600 + 60)
+        await h.sched.tick()
+        assert h.job(lease.id).state is JobState.RUNNING  # still within the start's grace
+        h.sched.touch(lease.id)  # the kernel's first answer
+        h.clock.advance(2 * 3600 - 60)
+        await h.sched.tick()
+        assert h.job(lease.id).state is JobState.RUNNING
+        h.clock.advance(120)
+        await h.settle(lease.id, state=JobState.CANCELLED)
+        assert "idle" in (h.job(lease.id).reason or "")
+
+
+async def test_a_lease_nobody_ever_reached_is_still_reclaimed(tmp_path: Path) -> None:
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT, commands=LEASE_KERNEL) as h:
+        lease = h.sched.submit(parse_spec({"kind": "lease", "gpus": 1}, user="bob"))
+        await h.settle(lease.id, state=JobState.RUNNING)
+        h.clock.advance(2 * 3600 + policy.LEASE_START_GRACE_S)
+        await h.settle(lease.id, state=JobState.CANCELLED)
+
+
 async def test_subscribers_get_stored_events_then_live_ones_and_cluster_views(
     mem_harness: Harness,
 ) -> None:

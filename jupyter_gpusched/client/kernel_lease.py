@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.multikernelmanager import DuplicateKernelError
 
 from jupyter_gpusched.core.api import JobView, LeaseKernel
 from jupyter_gpusched.core.errors import GpuSchedError
@@ -26,6 +27,39 @@ from .api import TOKEN_ENV, URL_ENV, ApiError, GpuSchedClient, find_server
 
 class GpuKernelError(RuntimeError):
     """The GPU kernel could not start; the message says why and what to do."""
+
+
+class GpuKernelNotStarted(GpuKernelError, DuplicateKernelError):
+    """The start ended on purpose: its lease was cancelled, or a reloaded page took it over.
+
+    Not a server fault: Jupyter's sessions API answers it 409 (its ``DuplicateKernelError``
+    branch) with this message, not a 500 with a traceback in the log.
+    """
+
+
+class _NotStartedIsNoError(logging.Filter):
+    """A start ended on purpose (cancelled, taken over) is an info line, not a traceback.
+
+    jupyter_client's kernel manager logs every failed start as an error with its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else record.msg
+        if isinstance(exc, GpuKernelNotStarted):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args, record.exc_info, record.exc_text = str(exc), (), None, None
+        return True
+
+
+_FILTER = _NotStartedIsNoError()
+
+
+def quiet_not_started(manager: Any) -> None:
+    """Put :class:`_NotStartedIsNoError` on the kernel manager's logger (once)."""
+    log = getattr(manager, "log", None)
+    target = log.logger if isinstance(log, logging.LoggerAdapter) else log
+    if isinstance(target, logging.Logger) and _FILTER not in target.filters:
+        target.addFilter(_FILTER)
 
 
 class KernelLease:
@@ -48,6 +82,8 @@ class KernelLease:
         self.job: JobView | None = None
         #: Whether this side released it (a release is sent once).
         self.released = False
+        #: Set when another kernel took this waiting lease over (a reloaded page's).
+        self.handed_over_to: str | None = None
         self._api: GpuSchedClient | None = None
 
     @property
@@ -86,8 +122,19 @@ class KernelLease:
         delay_s, shown = 0.02, ""
         while True:
             job = await self.refresh()
+            if self.handed_over_to is not None:
+                raise GpuKernelNotStarted(
+                    f"GPU kernel not started here: kernel {self.handed_over_to} took over "
+                    f"lease {job.id} (its notebook was opened again)"
+                )
             if job.state is JobState.RUNNING:
                 return job
+            if job.state is JobState.CANCELLED:
+                why = job.reason if (job.reason or "").startswith("cancelled") else None
+                raise GpuKernelNotStarted(
+                    f"GPU kernel not started: lease {job.id} "
+                    + (why or f"cancelled ({job.reason or 'by its owner'})")
+                )
             if job.state in TERMINAL_STATES:
                 raise GpuKernelError(
                     f"GPU kernel not started: lease {job.id} {job.state.value} "
@@ -167,6 +214,15 @@ def exit_status(job: JobView) -> int:
     if job.exit_code is not None:
         return job.exit_code
     return -signal.SIGTERM if job.state is JobState.CANCELLED else 1
+
+
+def placed_text(job: JobView) -> str:
+    """Where a running lease is, e.g. ``on a100-0 GPU 2`` or ``on g0 GPUs 0,1``."""
+    if job.placement is None:
+        return f"(lease {job.id})"
+    gpus = job.placement.gpu_indices
+    label = "GPU" if len(gpus) == 1 else "GPUs"
+    return f"on {job.placement.node} {label} {','.join(map(str, gpus))} (lease {job.id})"
 
 
 def waiting_text(job: JobView) -> str:

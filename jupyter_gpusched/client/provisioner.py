@@ -8,11 +8,14 @@ client mode forwards to the lab-wide service, so it works the same in both.
 Life of a kernel:
 
 - ``pre_launch`` submits a lease with the kernelspec's resources, overridden by the notebook's
-  ``metadata.gpusched.kernel``; a restart keeps the lease unless the request changed.
+  ``metadata.gpusched.kernel``; a restart keeps the lease unless the request changed. The lease
+  is named after its notebook. A notebook opened again while its kernel still waits (a
+  reloaded page) takes that waiting lease over instead of asking for more GPUs.
 - ``launch_kernel`` waits while the lease is queued (the server log and the lab's notification
-  say where it stands; cancelling the lease fails the start with the reason), then returns the
-  connection info of the lease's remote ipykernel: ports the scheduler forwards to its loopback
-  (CurveZMQ keys, session key).
+  say where it stands; cancelling the lease ends the start, a 409 and an info line, not a
+  server error), then returns the connection info of the lease's remote ipykernel: ports the
+  scheduler forwards to its loopback (CurveZMQ keys, session key). Once the kernel answers,
+  the lease is touched (its idle time counts from there) and the log says where it runs.
 - A watcher reports the kernel's activity to the lease (so the window's idle timeout counts
   real use), asks the server to forward again when heartbeats stop (a dropped SSH connection),
   and shuts the kernel down, as Jupyter's own culler would, when the lease was ended under it
@@ -44,14 +47,26 @@ from jupyter_gpusched.core.models import TERMINAL_STATES, JobState
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.node.kernel import KERNEL_CWD_ENV
 
-from .kernel_lease import GpuKernelError, KernelLease, connection_info, exit_status
+from .kernel_lease import (
+    GpuKernelError,
+    GpuKernelNotStarted,
+    KernelLease,
+    connection_info,
+    exit_status,
+    placed_text,
+    quiet_not_started,
+)
 from .kernel_wire import KernelWire
 from .kernelspecs import FIELDS, lease_fields, notebook_fields
 
-__all__ = ["GpuKernelError", "GpuLeaseProvisioner"]
+__all__ = ["GpuKernelError", "GpuKernelNotStarted", "GpuLeaseProvisioner"]
 
 #: Labels of a kernel's lease: the kernel's id and the notebook's name (the lab shows them).
 KERNEL_LABEL, NOTEBOOK_LABEL = "gpusched.kernel", "gpusched.notebook"
+
+#: Kernels waiting for their lease, by (kernel manager, notebook path): a second start for the
+#: same notebook (its page was reloaded while it waited) takes the waiting lease over.
+_WAITING: dict[tuple[int, str], GpuLeaseProvisioner] = {}
 
 
 class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -85,6 +100,7 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
+        quiet_not_started(kwargs.get("parent"))
         asked = {k: kwargs.pop(k) for k in list(kwargs) if k in FIELDS}
         unknown = [k for k in kwargs if not self.has_trait(k)]
         if unknown:
@@ -135,7 +151,8 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             # a lease given back (the kernel was shut down) is not started again
             await self._release("the notebook asks for other resources")
             self._request = request
-            await self._submit()
+            if not self._take_over_waiting():
+                await self._submit()
         kwargs["cmd"] = self.parent.format_kernel_cmd(
             extra_arguments=kwargs.pop("extra_arguments", None)
         )
@@ -145,9 +162,25 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         """Wait for the lease to run; the connection info of its (new) remote kernel."""
         try:
             return await self._launch()
+        except GpuKernelNotStarted as exc:
+            self.log.info("GPU kernel %s: %s", self.kernel_id, exc)
+            self._forget_failed_start()
+            raise
         except BaseException:
             await self._release("its kernel did not start")
+            self._forget_failed_start()
             raise
+
+    def _forget_failed_start(self) -> None:
+        """Drop this kernel from its manager's pending starts.
+
+        jupyter_client keeps a kernel whose first start failed among the pending ones for good;
+        the server's shutdown then shuts it down, gets "404 Kernel does not exist" and goes no
+        further: `jupyter lab` did not stop on one SIGTERM.
+        """
+        pending = getattr(getattr(self.parent, "parent", None), "_pending_kernels", None)
+        if isinstance(pending, dict):
+            pending.pop(self.kernel_id, None)
 
     async def post_launch(self, **kwargs: Any) -> None:
         """Watch the lease and the kernel from now on."""
@@ -243,19 +276,49 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ starting
 
+    def _waiting_key(self) -> tuple[int, str] | None:
+        notebook = self._start.get("notebook")
+        return (id(getattr(self.parent, "parent", None)), str(notebook)) if notebook else None
+
+    def _take_over_waiting(self) -> bool:
+        """Take over the lease another kernel of this notebook waits for (a reloaded page).
+
+        That kernel's start then ends (409, its page is gone) without releasing the lease.
+        """
+        key = self._waiting_key()
+        other = _WAITING.get(key) if key else None
+        if other is None or other is self or other._request != self._request:
+            return False
+        job = other._lease.job
+        if job is None or other._lease.released or job.state is JobState.RUNNING:
+            return False
+        other._lease.handed_over_to = str(self.kernel_id)
+        other._lease.released = True  # its failed start must not give the lease back
+        self._lease.job, self._lease.released = job, False
+        self.log.info(
+            "GPU kernel %s: takes over lease %d, which kernel %s of the same notebook waited for",
+            self.kernel_id,
+            job.id,
+            other.kernel_id,
+        )
+        return True
+
     async def _submit(self) -> None:
         notebook = self._start.get("notebook")
         name = str(self.kernel_spec.display_name if self.kernel_spec else "GPU kernel")
         labels = {KERNEL_LABEL: str(self.kernel_id)}
+        lease_name = f"kernel-{self.kernel_id}"
         if notebook:
+            # named after its notebook: the panel's and `%gpu status`'s notebook column
             labels[NOTEBOOK_LABEL] = os.path.basename(notebook)
-            name += f" · {os.path.basename(notebook)}"
+            name = f"{os.path.basename(notebook)} · {name}"
+            lease_name = f"{notebook[-190:]}:kernel"
         env = {k: str(v) for k, v in (self.kernel_spec.env if self.kernel_spec else {}).items()}
         if self._start.get("cwd"):
             env[KERNEL_CWD_ENV] = str(self._start["cwd"])
         body = {
             "kind": "lease",
-            "lease_name": f"kernel-{self.kernel_id}",
+            "lease_name": lease_name,
             "name": name[:200],
             "labels": labels,
             "env": env,
@@ -267,10 +330,18 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _launch(self) -> KernelConnectionInfo:
         restarting, moved, old_pid = self._restarting, self._moved, self._pid
-        job = await self._lease.wait_running(
-            timeout_s=self.start_timeout_s,
-            on_wait=lambda line: self.log.info("GPU kernel %s: %s", self.kernel_id, line),
-        )
+        # only a first start may be taken over: a started kernel's session re-attaches as is
+        key = self._waiting_key() if old_pid is None else None
+        if key is not None:
+            _WAITING[key] = self
+        try:
+            job = await self._lease.wait_running(
+                timeout_s=self.start_timeout_s,
+                on_wait=lambda line: self.log.info("GPU kernel %s: %s", self.kernel_id, line),
+            )
+        finally:
+            if key is not None and _WAITING.get(key) is self:
+                del _WAITING[key]
         answer = await self._lease.kernel(timeout_s=self.ready_timeout_s)
         info = connection_info(answer)
         wire = KernelWire(info)
@@ -287,6 +358,11 @@ class GpuLeaseProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 return await self._launch()
         else:
             pid = await self._answering(wire, job.id)
+            # idle time counts from the kernel's first answer, not from the lease's grant
+            answer = await self._lease.kernel(timeout_s=self.ready_timeout_s)
+            if connection_info(answer) != info:  # forwarded again meanwhile
+                info, wire = connection_info(answer), KernelWire(connection_info(answer))
+            self.log.info("GPU kernel %s: ready %s", self.kernel_id, placed_text(job))
         if self._wire is not None:
             self._wire.close()
         self._wire, self._pid, self._attempt = wire, pid, job.attempt

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, time
+from datetime import datetime, time, timedelta
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
@@ -338,11 +338,23 @@ def batch_runtime_limit_s(window: Window) -> float | None:
     return window.batch_max_runtime_s
 
 
+#: How long a lease's kernel may take to first answer (a start over SSH on a busy node) before
+#: its idle time counts anyway: a lease nobody ever reached is still reclaimed.
+LEASE_START_GRACE_S = 300.0
+
+
 def lease_idle_expired(lease: Job, window: Window, now: datetime) -> bool:
-    """True when a running lease has been idle longer than the window allows."""
+    """True when a running lease has been idle longer than the window allows.
+
+    Idle time counts from the last activity, the first being its kernel's first answer, not
+    from the grant: a kernel still starting is not idle. A lease whose kernel never answered
+    counts from its start plus :data:`LEASE_START_GRACE_S`.
+    """
     if window.lease_idle_timeout_s is None or lease.state is not JobState.RUNNING:
         return False
-    last = lease.last_activity_at or lease.started_at
+    last = lease.last_activity_at
+    if last is None and lease.started_at is not None:
+        last = lease.started_at + timedelta(seconds=LEASE_START_GRACE_S)
     if last is None:
         return False
     return (_aware(now) - last).total_seconds() >= window.lease_idle_timeout_s

@@ -115,7 +115,8 @@ class Launcher:
                 expect=JobState.QUEUED,
                 placement=placement,
                 started_at=now,
-                last_activity_at=now,
+                # a lease's idle time counts from its kernel's first answer (its first touch)
+                last_activity_at=None if job.spec.kind is JobKind.LEASE else now,
                 handle=handle,
                 reason=placed(placement, others),
             )

@@ -13,12 +13,14 @@ import {
 } from '@jupyterlab/apputils';
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { INotebookTracker } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { DisposableDelegate } from '@lumino/disposable';
 import { GpuschedClient } from './api';
 import { GpuschedModel } from './controller';
 import { Dashboard } from './dashboard';
 import { JobPage } from './jobpage';
+import { KernelCells } from './kernelcells';
 import { KernelWaitNotifier } from './kernelnotify';
 import { GpuschedPanel } from './panel';
 import { LogView } from './logview';
@@ -48,12 +50,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-gpusched:plugin',
   description: 'GPU cluster panel, job logs, batch notebook submission and job notifications.',
   autoStart: true,
-  optional: [ILayoutRestorer, IDefaultFileBrowser, ICommandPalette],
+  optional: [ILayoutRestorer, IDefaultFileBrowser, ICommandPalette, INotebookTracker],
   activate: (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
     browser: IDefaultFileBrowser | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    notebooks: INotebookTracker | null
   ) => {
     const client = new GpuschedClient(app.serviceManager.serverSettings);
     const model = new GpuschedModel(client);
@@ -121,8 +124,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'gpusched-panel');
     void model.start();
-    // GPU kernels waiting for their lease: where they stand, and Cancel
-    new KernelWaitNotifier(model, client);
+    // GPU kernels: cells kept while they wait, where they stand, ready, taken back
+    const cells = notebooks ? new KernelCells(notebooks) : null;
+    new KernelWaitNotifier(model, client, job => cells?.askAgain(job) ?? false);
 
     model.notice.connect((_, notice) => {
       const actions = [

@@ -1,13 +1,21 @@
 /**
- * While a GPU kernel waits for its lease, a notification says where it stands (queue
- * position, expected start, why it waits) and offers to cancel it; it goes away once the
- * kernel runs (or the lease ends: the kernel's start then fails with the reason).
+ * A GPU kernel's life in notifications: while it waits for its lease, where it stands (queue
+ * position, expected start, why it waits) with Cancel; "ready on a100-0 GPU 2" once it runs;
+ * and when its GPU is taken back (idle reclaim, preemption, node loss), why, that its state
+ * is lost, and an offer to ask again.
  */
 import { Notification } from '@jupyterlab/apputils';
 import { IDisposable } from '@lumino/disposable';
 import { GpuschedClient } from './api';
 import { GpuschedModel } from './controller';
-import { kernelWaiting, kernelWaitMessage } from './kernelwait';
+import {
+  isKernelLease,
+  kernelLostMessage,
+  kernelReadyMessage,
+  kernelTakenBack,
+  kernelWaiting,
+  kernelWaitMessage
+} from './kernelwait';
 import { IJob } from './types';
 
 /** Positions and expected starts are not pushed as events: ask this often while one waits. */
@@ -18,12 +26,19 @@ const POLL_MS = 2000;
  */
 export class KernelWaitNotifier implements IDisposable {
   private _shown = new Map<number, { id: string; message: string }>();
+  /** My kernel leases as last seen on this page: only changes seen here are told. */
+  private _seen = new Map<number, IJob['state']>();
   private _timer: ReturnType<typeof setInterval> | null = null;
   private _disposed = false;
 
+  /**
+   * @param askAgain - starts a fresh kernel for the notebook of a lease whose GPU was taken
+   *   back; false when that notebook is not open here.
+   */
   constructor(
     private readonly model: GpuschedModel,
-    private readonly client: GpuschedClient
+    private readonly client: GpuschedClient,
+    private readonly askAgain: (job: IJob) => boolean = () => false
   ) {
     model.changed.connect(this.sync, this);
   }
@@ -37,7 +52,11 @@ export class KernelWaitNotifier implements IDisposable {
     const me = this.model.me();
     const waiting = new Map<number, IJob>();
     for (const job of this.model.state.jobs.values()) {
-      if (me !== null && job.user === me && kernelWaiting(job)) {
+      if (me === null || job.user !== me || !isKernelLease(job)) {
+        continue;
+      }
+      this.told(job);
+      if (kernelWaiting(job)) {
         waiting.set(job.id, job);
       }
     }
@@ -51,6 +70,34 @@ export class KernelWaitNotifier implements IDisposable {
       this.show(job);
     }
     this.poll(waiting.size > 0);
+  }
+
+  /** Tell the changes of a kernel's lease seen on this page: it runs, or lost its GPU. */
+  private told(job: IJob): void {
+    const before = this._seen.get(job.id);
+    this._seen.set(job.id, job.state);
+    if (before === undefined || before === job.state) {
+      return;
+    }
+    if (job.state === 'running' && kernelWaiting({ spec: job.spec, state: before })) {
+      Notification.success(kernelReadyMessage(job), { autoClose: 10000 });
+    } else if (before === 'running' && kernelTakenBack(job)) {
+      const ended = !['queued', 'preempted', 'lost'].includes(job.state);
+      const actions = ended
+        ? [
+            {
+              label: 'Ask again',
+              caption: 'Start a fresh GPU kernel for this notebook',
+              callback: () => {
+                if (!this.askAgain(job)) {
+                  Notification.info('Open the notebook and pick its GPU kernel to ask again.');
+                }
+              }
+            }
+          ]
+        : [];
+      Notification.warning(kernelLostMessage(job), { autoClose: false, actions });
+    }
   }
 
   private show(job: IJob): void {

@@ -46,3 +46,67 @@ export function kernelWaitMessage(job: IJob, nowMs: number): string {
   }
   return `${what} is waiting (lease #${job.id}): ${parts.join(' · ') || job.state}`;
 }
+
+/** The notebook a kernel's lease serves, for messages: `GPU kernel for train.ipynb`. */
+export function kernelWhat(job: Pick<IJob, 'spec'>): string {
+  const notebook = job.spec.labels?.[NOTEBOOK_LABEL];
+  return notebook ? `GPU kernel for ${notebook}` : 'GPU kernel';
+}
+
+/** `a100-0 GPU 2`, or `g0 GPUs 0,1`: where a running lease holds its GPUs. */
+export function placedOn(job: Pick<IJob, 'placement'>): string {
+  const p = job.placement;
+  if (!p) {
+    return 'its GPU';
+  }
+  const gpus = p.gpu_indices ?? [];
+  return `${p.node} ${gpus.length === 1 ? 'GPU' : 'GPUs'} ${gpus.join(',')}`;
+}
+
+/** `GPU kernel for train.ipynb is ready on a100-0 GPU 2`. */
+export function kernelReadyMessage(job: IJob): string {
+  return `${kernelWhat(job)} is ready on ${placedOn(job)} (lease #${job.id})`;
+}
+
+/**
+ * Whether a kernel's lease that ran was taken back (idle reclaim, max runtime, preemption,
+ * node loss, an admin), rather than given back by its owner or ended with its kernel.
+ */
+export function kernelTakenBack(job: Pick<IJob, 'state' | 'reason' | 'user'>): boolean {
+  switch (job.state) {
+    case 'running':
+    case 'starting':
+    case 'succeeded':
+    case 'failed': // the kernel died by itself: Jupyter's restarter says so
+      return false;
+    case 'cancelled':
+      return job.reason !== `cancelled by ${job.user}`;
+    default: // queued again (preempted, lost with its node), lost, preempted
+      return true;
+  }
+}
+
+/**
+ * What the notebook is told when its kernel's GPU was taken back: why, that the kernel's state
+ * is gone, and what happens next (a requeued lease starts a fresh kernel by itself).
+ */
+export function kernelLostMessage(job: IJob): string {
+  const why = job.reason ?? job.state;
+  const again = ['queued', 'preempted', 'lost'].includes(job.state)
+    ? 'a fresh kernel starts when the lease runs again'
+    : 'ask again for a fresh kernel';
+  return (
+    `${kernelWhat(job)} lost its GPU (lease #${job.id}): ${why}. ` +
+    `Its variables and imports are gone; ${again}.`
+  );
+}
+
+/**
+ * Whether a kernel error is a start that ended on purpose (its lease was cancelled, or the
+ * notebook, opened again, took the lease over): no error dialog for those.
+ */
+export function notStartedOnPurpose(text: string): boolean {
+  return /GPU kernel not started( here)?: (lease \d+ cancelled|kernel \S+ took over lease)/.test(
+    text
+  );
+}

@@ -148,8 +148,10 @@ export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): 
   if (!level || !job || job.user !== me) {
     return null;
   }
-  if (level === 'success' && isKernelLease(job)) {
-    return null; // a GPU kernel's lease "succeeds" when the kernel is shut down: nothing to say
+  if (isKernelLease(job) && event.to_state !== 'failed') {
+    // a GPU kernel's lease "succeeds" when the kernel is shut down: nothing to say; a lost or
+    // preempted one is told by the kernel's own notification (./kernelnotify.ts)
+    return null;
   }
   if (job.id < gate.oldestLoadedId || gate.atLoad.get(job.id) === event.to_state) {
     return null;
