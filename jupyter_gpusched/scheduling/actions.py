@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
@@ -25,6 +25,7 @@ from jupyter_gpusched.core.errors import (
     InfeasibleError,
     TooManyError,
 )
+from jupyter_gpusched.core.estimates import StartEstimate
 from jupyter_gpusched.core.limits import RETRY_AFTER_S, UserLimits, refusal
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -72,7 +73,7 @@ class JobActions:
     _inventory: list[NodeInventory]
     _base_key: tuple[Any, ...]
     _positions: QueuePositions
-    _estimates: dict[int, datetime | None]
+    _estimates: dict[int, StartEstimate | None]
     _feasible: dict[tuple[Any, ...], str | None]
     _group: GroupCommit
     # Who the callers are, as their last request said: user -> (groups, admin). The running
@@ -299,10 +300,13 @@ class JobActions:
         if job.state is not JobState.QUEUED:
             return api.JobView.of(job, viewer=viewer)
         if job.id in self._estimates:
-            expected = self._estimates[job.id]
+            estimate = self._estimates[job.id]
+            expected = estimate.at if estimate is not None else None
+            view = api.StartEstimateView.of(estimate)
         else:  # a job waiting for a far not_before, which passes do not weigh: then at best
             expected = None if job.held else job.spec.not_before
-        return api.JobView.of(job, self._positions.get(job.id), viewer, expected)
+            view = api.StartEstimateView.at_not_before(expected)
+        return api.JobView.of(job, self._positions.get(job.id), viewer, expected, view)
 
     def _check_owner(self, job: Job, user: str, admin: bool) -> None:
         if user != job.user and not admin and user not in self.admins:

@@ -4,7 +4,8 @@ The placing pass (:mod:`.placing`) asks the packer, which names what is short on
 with the most room; this adds what only the scheduler knows: the free GPUs of every node that
 could hold the job (so "8 free in all, but split across nodes" is visible), the processes the
 scheduler did not start that hold GPUs of those nodes, and with whom a placed job shares its
-GPUs. Expected starts are the backfill's (:func:`~jupyter_gpusched.core.backfill.expected_starts`).
+GPUs. Expected starts are the backfill's, with what they rest on
+(:func:`~jupyter_gpusched.core.estimates.start_estimates`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime
 import numpy as np
 
 from jupyter_gpusched.cluster.base import NodeInventory
-from jupyter_gpusched.core import backfill
+from jupyter_gpusched.core import estimates
 from jupyter_gpusched.core.models import Job, JobSpec, Placement
 from jupyter_gpusched.core.units import format_size_gb
 from jupyter_gpusched.packing import packer
@@ -114,11 +115,16 @@ def expected_starts(
     running: Sequence[Job],
     state: packer.ClusterState,
     now: datetime,
-    estimate: Callable[[Job], float],
-) -> dict[int, datetime | None]:
-    """Expected starts of the jobs left waiting, from the state after this pass's placements."""
+    runtime_of: Callable[[Job], estimates.Runtime],
+) -> dict[int, estimates.StartEstimate | None]:
+    """Expected starts of the jobs left waiting, from the state after this pass's placements.
+
+    Each with its range and what it rests on (:func:`~.estimates.start_estimates`).
+    """
     if not queue:
         return {}
     whole = ((state.gm == packer.MILLI) & state.valid & state.node_up[:, None]).sum(axis=1)
     free = {name: float(n) for name, n in zip(state.node_names, whole, strict=True)}
-    return backfill.expected_starts(queue, running, free, now, estimate=estimate, not_before=floors)
+    return estimates.start_estimates(
+        queue, running, free, now, runtime_of=runtime_of, not_before=floors
+    )
