@@ -8,11 +8,19 @@ as certain; later the same queue said "starts any moment" while every GPU had 40
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from _fixtures_policy import T0, make_job
+from _fixtures_scheduler import SATURDAY_NIGHT, memory_scheduler
 
+from jupyter_gpusched.cli.formats import format_queue, waiting_line
+from jupyter_gpusched.client.lines import waiting_line as magic_waiting_line
+from jupyter_gpusched.client.widgets import _why
+from jupyter_gpusched.cluster.memory import Run
+from jupyter_gpusched.core.api import JobView
 from jupyter_gpusched.core.estimates import Runtime, StartEstimate, runtime, start_estimates
 from jupyter_gpusched.core.models import Job, JobState
 
@@ -116,3 +124,76 @@ def test_a_guess_ahead_in_the_queue_carries_to_the_jobs_behind_it() -> None:
 def test_a_job_with_no_limit_of_its_own_is_told_a_limit_could_start_it_sooner() -> None:
     est = estimate_for(busy(1, "alice", started_min_ago=1), make_job(10, gpus=8, user="bob"))
     assert est.note.endswith("with a --max-runtime this job could also start sooner, in gaps")
+
+
+@pytest.mark.asyncio
+async def test_the_api_says_unknown_behind_a_job_that_outlived_its_owners_runtimes(
+    tmp_path: Path,
+) -> None:
+    """The queue said "starts any moment" while every GPU had 40+ min left (issue #32)."""
+    async with memory_scheduler(tmp_path, start=SATURDAY_NIGHT) as h:  # no batch time limit
+        quick = h.submit("bob", gpus=1, gpu_models=["T4"], run=Run(duration_s=600))
+        await h.settle(quick.id, state=JobState.RUNNING)
+        h.clock.advance(600)
+        await h.settle(quick.id)  # bob's jobs run 10 minutes, he has learned
+        hogs = [h.submit("bob", gpus=8, gpu_models=["A100"], run=Run(duration_s=9000))]
+        hogs.append(h.submit("bob", gpus=8, gpu_models=["A100"], run=Run(duration_s=9000)))
+        for hog in hogs:
+            await h.settle(hog.id, state=JobState.RUNNING)
+        h.clock.advance(45 * 60)  # bob's hogs have outlived every runtime his jobs had
+        waiting = h.submit(gpus=8, gpu_models=["A100"], max_runtime_s=3600)
+        await h.sched.tick()
+        view = h.sched.job_view(h.job(waiting.id))
+        assert view.estimated_start is None  # not "any moment"
+        assert view.estimate is not None and view.estimate.basis == "unknown"
+        named = f"jobs {hogs[0].id}, {hogs[1].id} ran longer than any estimate"
+        assert named in view.estimate.note
+        line = waiting_line(view, NOW, UTC)
+        assert line.startswith(f"job {waiting.id}, 1st in line, starts unknown: ")
+        assert line.splitlines()[1].startswith("    estimate: unknown: jobs ")
+
+
+NOW = T0
+
+
+def _queued(estimate: dict[str, Any] | None) -> JobView:
+    return JobView.model_validate(
+        {
+            "id": 12,
+            "state": "queued",
+            "position": 1,
+            "user": "alice",
+            "priority_class": "batch",
+            "submitted_at": T0,
+            "spec": {"kind": "script", "command": ["python", "train.py"], "gpus": 8, "user": "a"},
+            "reason": "waiting: needs 8 GPUs free on one node",
+            "estimated_start": (estimate or {}).get("at"),
+            "estimate": estimate,
+        }
+    )
+
+
+GUESS = {
+    "at": T0 + minutes(239),
+    "earliest": T0,
+    "latest": None,
+    "basis": "guess",
+    "note": "a guess: job 7 set no --max-runtime and has no past runtimes, so 4h is assumed",
+}
+
+
+def test_the_cli_queue_shows_a_guess_as_a_guess_with_the_nudge() -> None:
+    assert format_queue([_queued(GUESS)], now=NOW, tz=UTC).split("\n\nwaiting:\n")[1] == (
+        "  job 12, 1st in line, starts in 3h59m (12:59) by a guess: needs 8 GPUs free on one "
+        f"node\n    estimate: {GUESS['note']}"
+    )
+
+
+def test_the_magic_waiting_line_shows_a_guess_as_a_guess_with_the_nudge() -> None:
+    line = magic_waiting_line(_queued(GUESS), None, NOW, UTC)
+    assert " | starts in 3h59m (12:59) by a guess | a guess: job 7 set no --max-runtime" in line
+
+
+def test_the_widget_queue_shows_a_guess_as_a_guess() -> None:
+    job = _queued(GUESS).model_dump(mode="json")
+    assert _why(job, NOW, UTC).startswith("1st in line, starts in 3h59m (12:59) by a guess: ")

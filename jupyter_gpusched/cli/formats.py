@@ -12,12 +12,13 @@ from datetime import UTC, datetime, tzinfo
 from jupyter_gpusched.core.api import Cluster, Definition, Gpu, JobView
 from jupyter_gpusched.core.figures import (
     clock_label,
-    eta_label,
     fragmentation_text,
     gpus_label,
     position_label,
     runtime_label,
     schedule_line,
+    start_label,
+    start_nudge,
     window_line,
 )
 from jupyter_gpusched.core.models import JobState, Placement, array_of
@@ -83,9 +84,11 @@ def waiting_line(job: JobView, now: datetime, tz: tzinfo) -> str:
     parts = [f"job {job.id}"]
     if job.position:
         parts.append(position_label(job.position))
-    parts.append(f"starts {eta_label(job.estimated_start, now, tz)}")
+    estimate = job.estimate.model_dump() if job.estimate is not None else None
+    parts.append(f"starts {start_label(estimate, job.estimated_start, now, tz)}")
     reason = (job.reason or "no reason yet").removeprefix("waiting: ")
-    return f"{', '.join(parts)}: {reason}"
+    nudge = start_nudge(estimate)
+    return f"{', '.join(parts)}: {reason}" + (f"\n    estimate: {nudge}" if nudge else "")
 
 
 def format_cluster(

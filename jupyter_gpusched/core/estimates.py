@@ -251,7 +251,8 @@ def _note(basis: Basis, deciders: Sequence[int], job: Job, rt: Runtime) -> str:
         return f"from past runtimes of the owners' jobs ({jobs})"
     if basis == "guess":
         return (
-            f"a guess: {jobs} set no --max-runtime and have no past runtimes, so "
+            f"a guess: {jobs} set no --max-runtime and "
+            f"{'have' if len(deciders) > 1 else 'has'} no past runtimes, so "
             f"{format_duration_s(DEFAULT_GUESS_S)} is assumed; set --max-runtime for a firm "
             f"estimate{own}"
         )

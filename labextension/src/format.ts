@@ -147,6 +147,44 @@ export function etaLabel(iso: string | null | undefined, nowMs: number): string 
   return `in ${formatDuration(minutes, 2)} (${clockLabel(iso, nowMs)})`;
 }
 
+/** The API's `estimate` of a waiting job's start (the fields startLabel reads). */
+export interface IStartEstimate {
+  at?: string | null;
+  earliest?: string | null;
+  latest?: string | null;
+  basis: string;
+}
+
+/**
+ * An expected start and how firm it is (figures.start_label): `in 40m (09:40) at the latest`,
+ * `in about 15m (09:15; 09:05–09:15 by past runtimes)`, `in 3h59m (12:59) by a guess`.
+ */
+export function startLabel(
+  estimate: IStartEstimate | null | undefined,
+  fallback: string | null | undefined,
+  nowMs: number
+): string {
+  if (!estimate) {
+    return etaLabel(fallback, nowMs);
+  }
+  if (!estimate.at || estimate.basis === 'unknown') {
+    return 'unknown';
+  }
+  const eta = etaLabel(estimate.at, nowMs);
+  if (!['limits', 'history', 'guess'].includes(estimate.basis) || eta === 'any moment') {
+    return eta;
+  }
+  if (estimate.basis === 'limits') {
+    return `${eta} at the latest`;
+  }
+  if (estimate.basis === 'guess') {
+    return `${eta} by a guess`;
+  }
+  let span = estimate.earliest ? clockLabel(estimate.earliest, nowMs) : '';
+  span += estimate.latest ? `–${clockLabel(estimate.latest, nowMs)}` : ' or later';
+  return `in about ${eta.slice(3, -1)}; ${span} by past runtimes)`;
+}
+
 /** A runtime to the second below an hour, to the minute above: `12m3s`, `3h5m`. */
 export function runtimeLabel(seconds: number): string {
   let whole = Math.floor(Math.max(0, seconds));

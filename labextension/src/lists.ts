@@ -100,7 +100,8 @@ export function queueList(rows: IQueueRow[], all: boolean, act: IListActions): H
                 'span',
                 {
                   className: 'jp-gpusched-eta',
-                  title: 'expected start, from the running jobs’ declared or estimated ends'
+                  title:
+                    r.etaNote || 'expected start, from the running jobs’ declared or estimated ends'
                 },
                 r.eta
               )

@@ -6,7 +6,7 @@
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
 import {
   clockLabel,
-  etaLabel,
+  startLabel,
   gpusLabel as formatGpus,
   memoryLabel,
   percent,
@@ -162,8 +162,10 @@ export interface IQueueRow {
   state: JobState;
   /** `3rd in line` while queued, else empty. */
   position: string;
-  /** While queued: `starts in 12m (14:05)`, `starts any moment`, `starts unknown`. */
+  /** While queued: `starts in 12m (14:05) at the latest`, `starts any moment`, `starts unknown`. */
   eta: string;
+  /** What the expected start rests on, in words (the API's `estimate.note`), else empty. */
+  etaNote: string;
   /** `a100-0: 0,1` once placed, else `—`. */
   node: string;
   /** `1 GPU`, `2 GPUs × 16G` or `0.5 GPU`. */
@@ -215,7 +217,9 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
     kind: spec.kind,
     state: job.state,
     position: queued && job.position ? positionLabel(job.position) : '',
-    eta: queued && !job.held ? `starts ${etaLabel(job.estimated_start, nowMs)}` : '',
+    eta:
+      queued && !job.held ? `starts ${startLabel(job.estimate, job.estimated_start, nowMs)}` : '',
+    etaNote: queued && !job.held ? (job.estimate?.note ?? '') : '',
     node: p ? `${p.node}: ${p.gpu_indices.join(',')}` : '—',
     gpus,
     runtime: run === null ? '' : runtimeLabel(run),

@@ -122,6 +122,27 @@ describe('queue rows', () => {
     expect(queueRow(job(1, { state: 'running', position: 3 }), NOW, 'alice').position).toBe('');
   });
 
+  it('says what an expected start rests on: a guess reads as one, with its note', () => {
+    const note = 'a guess: job 7 set no --max-runtime and has no past runtimes, so 4h is assumed';
+    const waiting = job(1, {
+      estimated_start: '2026-11-23T13:59:00Z',
+      estimate: {
+        at: '2026-11-23T13:59:00Z',
+        earliest: '2026-11-23T10:00:00Z',
+        latest: null,
+        basis: 'guess',
+        note
+      }
+    });
+    const row = queueRow(waiting, NOW, 'alice');
+    expect([row.eta, row.etaNote]).toEqual(['starts in 3h59m (13:59) by a guess', note]);
+    const unknown = job(2, {
+      estimated_start: null,
+      estimate: { at: null, earliest: null, latest: null, basis: 'unknown', note: 'unknown: …' }
+    });
+    expect(queueRow(unknown, NOW, 'alice').eta).toBe('starts unknown');
+  });
+
   it('says why a queued job waits and when it is expected to start', () => {
     const waiting = job(1, {
       position: 2,
