@@ -85,6 +85,8 @@ def foreign_use(inventory: Sequence[NodeInventory], nodes: set[str]) -> str:
 
 def placed(placement: Placement, others: Sequence[Job]) -> str:
     """``placed on a100-0 GPU 0,1`` — and, for a share, how much and with which jobs."""
+    if not placement.gpu_indices:  # a CPU-only job: no GPU list, no "0 GPU of each"
+        return f"placed on {placement.node}, no GPU"
     text = f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}"
     if placement.share_per_gpu >= 1:
         return text
