@@ -8,6 +8,7 @@ them the same way); times are local to the terminal unless a timezone is given.
 from __future__ import annotations
 
 from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from jupyter_gpusched.core.api import Cluster, Definition, Gpu, JobView
 from jupyter_gpusched.core.figures import (
@@ -121,8 +122,16 @@ def format_cluster(
 def format_definition(
     d: Definition, *, now: datetime | None = None, tz: tzinfo | None = None
 ) -> str:
-    """One line per recurring notebook job: its schedule in words and its next run."""
-    now, tz = now or datetime.now(UTC), tz or local_tz()
+    """One line per recurring notebook job: its schedule in words and its next run.
+
+    The next run reads in the definition's own timezone, the one its words ("weekdays at
+    22:00") and the label after them mean; ``tz`` is ignored unless that zone is unknown here.
+    """
+    now = now or datetime.now(UTC)
+    try:
+        tz = ZoneInfo(d.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        tz = tz or local_tz()
     when = "paused" if d.paused else schedule_line(d.schedule_words, d.next_fire_at, now, tz)
     return (
         f"definition {d.id} [{d.user}] {d.spec.notebook}: {when} "

@@ -115,23 +115,72 @@ function pad(n: number): string {
   return String(n).padStart(2, '0');
 }
 
-function dayNumber(d: Date): number {
-  return Math.floor(Date.UTC(d.getFullYear(), d.getMonth(), d.getDate()) / 86400000);
+/** A wall clock's reading: local, or in `timeZone` (an IANA name) when given. */
+interface IWall {
+  year: number;
+  month: number; // 0-11
+  day: number;
+  weekday: number; // 0 = Sunday
+  hour: number;
+  minute: number;
 }
 
-/** Local `14:05` today, `Tue 14:05` within a week either side, else `Dec 1 14:05`. */
-export function clockLabel(iso: string, nowMs: number): string {
-  const at = new Date(iso);
-  const now = new Date(nowMs);
-  const hm = `${pad(at.getHours())}:${pad(at.getMinutes())}`;
+function wall(ms: number, timeZone?: string): IWall {
+  const d = new Date(ms);
+  if (!timeZone) {
+    return {
+      year: d.getFullYear(),
+      month: d.getMonth(),
+      day: d.getDate(),
+      weekday: d.getDay(),
+      hour: d.getHours(),
+      minute: d.getMinutes()
+    };
+  }
+  const parts: Record<string, string> = {};
+  const format = new Intl.DateTimeFormat('en-US', {
+    timeZone,
+    year: 'numeric',
+    month: 'numeric',
+    day: 'numeric',
+    weekday: 'short',
+    hour: 'numeric',
+    minute: 'numeric',
+    hourCycle: 'h23'
+  });
+  for (const part of format.formatToParts(d)) {
+    parts[part.type] = part.value;
+  }
+  return {
+    year: Number(parts.year),
+    month: Number(parts.month) - 1,
+    day: Number(parts.day),
+    weekday: DAYS.indexOf(parts.weekday),
+    hour: Number(parts.hour) % 24,
+    minute: Number(parts.minute)
+  };
+}
+
+function dayNumber(w: IWall): number {
+  return Math.floor(Date.UTC(w.year, w.month, w.day) / 86400000);
+}
+
+/**
+ * `14:05` today, `Tue 14:05` within a week either side, else `Dec 1 14:05`: local, or in
+ * `timeZone` when given (a schedule's next run reads in the schedule's own zone).
+ */
+export function clockLabel(iso: string, nowMs: number, timeZone?: string): string {
+  const at = wall(Date.parse(iso), timeZone);
+  const now = wall(nowMs, timeZone);
+  const hm = `${pad(at.hour)}:${pad(at.minute)}`;
   const days = dayNumber(at) - dayNumber(now);
   if (days === 0) {
     return hm;
   }
   if (Math.abs(days) < 7) {
-    return `${DAYS[at.getDay()]} ${hm}`;
+    return `${DAYS[at.weekday]} ${hm}`;
   }
-  return `${MONTHS[at.getMonth()]} ${at.getDate()} ${hm}`;
+  return `${MONTHS[at.month]} ${at.day} ${hm}`;
 }
 
 /** When an expected start is: `in 12m (14:05)`, `any moment`, `unknown`. */
@@ -250,7 +299,10 @@ export function windowLine(window: IWindowFigures, nowMs: number): string {
 export function scheduleLine(
   words: string,
   nextIso: string | null | undefined,
-  nowMs: number
+  nowMs: number,
+  timeZone?: string
 ): string {
-  return nextIso ? `${words}, next ${clockLabel(nextIso, nowMs)}` : `${words}, no next run`;
+  return nextIso
+    ? `${words}, next ${clockLabel(nextIso, nowMs, timeZone)}`
+    : `${words}, no next run`;
 }

@@ -338,7 +338,8 @@ export interface IDefinitionRow {
 export function definitionRow(d: IDefinition, nowMs: number): IDefinitionRow {
   const notebook = d.spec.notebook ?? '';
   const words = d.schedule_words || `cron '${d.schedule}'`;
-  const next = d.paused ? 'paused' : scheduleLine(words, d.next_fire_at, nowMs);
+  // in the schedule's own zone, as its words and the zone shown beside it say
+  const next = d.paused ? 'paused' : scheduleLine(words, d.next_fire_at, nowMs, d.timezone);
   let runs = 'no runs yet';
   if (d.fire_count > 0) {
     runs = `${d.fire_count} run${d.fire_count === 1 ? '' : 's'}`;

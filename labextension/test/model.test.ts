@@ -256,7 +256,7 @@ describe('executed notebooks and schedules', () => {
     expect(queueRow(labelled, NOW, 'alice').output).toBeNull();
   });
 
-  it('shows a schedule with its cron, zone, next run and runs', () => {
+  it('shows a schedule with its cron, zone, and next run in that zone, and runs', () => {
     const d = {
       id: 4,
       name: null,
@@ -279,7 +279,7 @@ describe('executed notebooks and schedules', () => {
       schedule: '0 22 * * 1-5',
       timezone: 'Europe/Berlin',
       words: 'weekdays at 22:00',
-      next: 'weekdays at 22:00, next 21:00',
+      next: 'weekdays at 22:00, next 22:00', // in Europe/Berlin, as the zone beside it says
       paused: false,
       gpus: '2 GPUs × 16G',
       runs: 'no runs yet'
