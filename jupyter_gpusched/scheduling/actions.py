@@ -23,6 +23,7 @@ from jupyter_gpusched.core.errors import (
     ForbiddenError,
     GpuSchedError,
     InfeasibleError,
+    InvalidSpecError,
     TooManyError,
 )
 from jupyter_gpusched.core.estimates import StartEstimate
@@ -50,6 +51,7 @@ from .increments import QueuePositions
 from .placing import SOON
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
+from .waiting import largest
 
 #: Tasks of an array written in one transaction; a bigger array takes several.
 BULK_CHUNK = 500
@@ -283,6 +285,20 @@ class JobActions:
             self._feasible[key] = reply.reason if never else None
         if (reason := self._feasible[key]) is not None:
             raise InfeasibleError(f"this job can never fit: {reason}")
+
+    @contextlib.contextmanager
+    def cap_in_context(self) -> Iterator[None]:
+        """A per-job cap refused while this runs says what the largest node offers instead."""
+        try:
+            yield
+        except InvalidSpecError as exc:
+            field = exc.field.rpartition(".")[2]
+            more = (
+                largest(self._inventory, field) if "(the per-job cap on " in exc.message else None
+            )
+            if more is None:
+                raise
+            raise InvalidSpecError(exc.field, f"{exc.message.partition(': ')[2]}; {more}") from None
 
     def get_job(self, job_id: int) -> Job:
         """One job (NotFoundError if absent)."""

@@ -83,6 +83,38 @@ def foreign_use(inventory: Sequence[NodeInventory], nodes: set[str]) -> str:
     return "in use by processes the scheduler did not start: " + ", ".join(seen[:NAMED]) + more
 
 
+def largest(inventory: Sequence[NodeInventory], field: str) -> str | None:
+    """What the largest node offers for a capped ``field``, and what to ask instead.
+
+    ``the largest node here has 8 GPUs (a100-0): ask for 8 or fewer`` — said beside a
+    per-job cap (64 GPUs) that means nothing on a lab of 8-GPU nodes. None: not a size field,
+    or no node known.
+    """
+    nodes = [n for n in inventory if n.gpus or n.cpus or n.mem_gb]
+    if not nodes:
+        return None
+    if field == "gpus":
+        n = max(nodes, key=lambda n: len(n.gpus))
+        most = len(n.gpus)
+        return f"the largest node here has {most} GPUs ({n.name}): ask for {most} or fewer"
+    if field == "gpu_mem_gb":
+        gpus = [(g.mem_total_mb / 1024, g.model, n.name) for n in nodes for g in n.gpus]
+        if not gpus:
+            return None
+        gb, model, name = max(gpus, key=lambda g: g[0])
+        size = format_size_gb(round(gb, 1))
+        return f"the largest GPU here has {size} ({model} on {name}): ask for {size} or less"
+    if field == "cpus":
+        n = max(nodes, key=lambda n: n.cpus)
+        most = f"{n.cpus:g}"
+        return f"the largest node here has {most} CPU cores ({n.name}): ask for {most} or fewer"
+    if field == "mem_gb":
+        n = max(nodes, key=lambda n: n.mem_gb)
+        size = format_size_gb(n.mem_gb)
+        return f"the largest node here has {size} of host memory ({n.name}): ask for {size} or less"
+    return None
+
+
 def placed(placement: Placement, others: Sequence[Job]) -> str:
     """``placed on a100-0 GPU 0,1`` — and, for a share, how much and with which jobs."""
     if not placement.gpu_indices:  # a CPU-only job: no GPU list, no "0 GPU of each"
