@@ -114,7 +114,8 @@ export function queueList(rows: IQueueRow[], all: boolean, act: IListActions): H
         ),
         r.reason && r.state === 'queued'
           ? h('div', { className: 'jp-gpusched-reason' }, r.reason)
-          : null
+          : null,
+        r.etaNudge ? h('div', { className: 'jp-gpusched-eta-note' }, r.etaNudge) : null
       )
     )
   );

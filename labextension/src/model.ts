@@ -166,6 +166,8 @@ export interface IQueueRow {
   eta: string;
   /** What the expected start rests on, in words (the API's `estimate.note`), else empty. */
   etaNote: string;
+  /** The note, shown under the row, where a guess or nothing decides the start (the nudge). */
+  etaNudge: string;
   /** `a100-0: 0,1` once placed, else `—`. */
   node: string;
   /** `1 GPU`, `2 GPUs × 16G` or `0.5 GPU`. */
@@ -220,6 +222,10 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
     eta:
       queued && !job.held ? `starts ${startLabel(job.estimate, job.estimated_start, nowMs)}` : '',
     etaNote: queued && !job.held ? (job.estimate?.note ?? '') : '',
+    etaNudge:
+      queued && !job.held && ['guess', 'unknown'].includes(job.estimate?.basis ?? '')
+        ? (job.estimate?.note ?? '')
+        : '',
     node: p ? `${p.node}: ${p.gpu_indices.join(',')}` : '—',
     gpus,
     runtime: run === null ? '' : runtimeLabel(run),

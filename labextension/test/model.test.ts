@@ -135,7 +135,11 @@ describe('queue rows', () => {
       }
     });
     const row = queueRow(waiting, NOW, 'alice');
-    expect([row.eta, row.etaNote]).toEqual(['starts in 3h59m (13:59) by a guess', note]);
+    expect([row.eta, row.etaNote, row.etaNudge]).toEqual([
+      'starts in 3h59m (13:59) by a guess',
+      note,
+      note
+    ]);
     const unknown = job(2, {
       estimated_start: null,
       estimate: { at: null, earliest: null, latest: null, basis: 'unknown', note: 'unknown: …' }
