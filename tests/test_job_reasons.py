@@ -7,12 +7,14 @@ a job re-adopted when its node came back kept the reason "node is back" after it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from _fixtures_scheduler import Harness, memory_scheduler, py, sim, sim_harness
 
 from jupyter_gpusched.cluster.memory import Run
+from jupyter_gpusched.cluster.slurm.access import SharedFiles
 from jupyter_gpusched.core.models import JobState, Placement
 from jupyter_gpusched.scheduling.tracking import last_error_line
 from jupyter_gpusched.scheduling.waiting import placed
@@ -84,3 +86,27 @@ def test_a_job_with_no_gpu_is_placed_on_its_node_without_a_gpu_list() -> None:
     assert placed(Placement(node="gpu1", gpu_indices=[], share_per_gpu=0.0), []) == (
         "placed on gpu1, no GPU"
     )
+
+
+@pytest.mark.asyncio
+async def test_a_log_on_the_shared_filesystem_is_read_from_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_bytes(b"x" * 50_000 + b"\nValueError: bad lr\n")
+    files = SharedFiles(dict(os.environ))
+    assert await files.read(None, str(log), -20) == b"r\nValueError: bad lr\n"[-20:]
+    assert await files.read(None, str(log), -(10**9)) == log.read_bytes()  # more than it holds
+
+
+@pytest.mark.asyncio
+async def test_a_failed_job_on_the_in_memory_backend_gets_its_last_error_line(
+    tmp_path: Path,
+) -> None:
+    async with memory_scheduler(tmp_path) as h:
+        output = TRACEBACK.encode() * 400  # ~100 KB: only the end is read
+        job = h.submit(gpus=1, run=Run(duration_s=60, exit_code=1, output=output))
+        await h.settle(job.id, state=JobState.RUNNING)
+        h.clock.advance(60)
+        await h.settle(job.id)
+        assert h.job(job.id).reason == (
+            "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.csv' (exit code 1)"
+        )
