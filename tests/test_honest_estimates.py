@@ -196,4 +196,7 @@ def test_the_magic_waiting_line_shows_a_guess_as_a_guess_with_the_nudge() -> Non
 
 def test_the_widget_queue_shows_a_guess_as_a_guess() -> None:
     job = _queued(GUESS).model_dump(mode="json")
-    assert _why(job, NOW, UTC).startswith("1st in line, starts in 3h59m (12:59) by a guess: ")
+    assert _why(job, NOW, UTC) == (
+        "1st in line, starts in 3h59m (12:59) by a guess: needs 8 GPUs free on one node "
+        f"({GUESS['note']})"
+    )

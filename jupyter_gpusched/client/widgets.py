@@ -36,6 +36,7 @@ from jupyter_gpusched.core.figures import (
     percent,
     position_label,
     start_label,
+    start_nudge,
     window_line,
 )
 from jupyter_gpusched.core.models import JobState
@@ -356,7 +357,9 @@ def _why(job: dict[str, Any], now: datetime, tz: tzinfo) -> str:
     fallback = datetime.fromisoformat(at) if at else None
     parts.append(f"starts {start_label(job.get('estimate'), fallback, now, tz)}")
     reason = (job.get("reason") or "").removeprefix("waiting: ")
-    return f"{', '.join(parts)}: {reason}" if reason else ", ".join(parts)
+    nudge = start_nudge(job.get("estimate"))
+    text = f"{', '.join(parts)}: {reason}" if reason else ", ".join(parts)
+    return f"{text} ({nudge})" if nudge else text
 
 
 def _local_tz() -> tzinfo:
