@@ -205,7 +205,7 @@ def start_estimates(
             earliest,
             latest,
             basis,
-            _note(basis, deciders, job, rt),
+            _note(basis, deciders, rt),
         )
         if start is not None:
             end_basis = basis if _RANK[basis] > _RANK[rt.basis] else rt.basis
@@ -232,7 +232,7 @@ def _decided_by(
     return weakest, sorted({i for b, i in found if b == weakest})
 
 
-def _note(basis: Basis, deciders: Sequence[int], job: Job, rt: Runtime) -> str:
+def _note(basis: Basis, deciders: Sequence[int], rt: Runtime) -> str:
     """What the start rests on, in words; where a guess decides it, the nudge."""
     named = ", ".join(str(i) for i in deciders[:_NAMED])
     if len(deciders) > _NAMED:
