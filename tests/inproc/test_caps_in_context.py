@@ -58,3 +58,15 @@ async def test_a_cap_refused_in_a_list_names_the_job_too(gpusched: ApiClient) ->
     assert body["message"].endswith(
         "not 99; the largest node here has 4 GPUs (g0): ask for 4 or fewer"
     )
+
+
+async def test_a_cap_refused_for_a_notebook_names_the_largest_node_too(
+    gpusched: ApiClient,
+) -> None:
+    resp = await gpusched.request("POST", "notebooks", body={"notebook": "nb.ipynb", "gpus": 80})
+    body = conforms(json.loads(resp.body), "Error")
+    assert resp.code == 422 and body["field"] == "gpus", body
+    assert body["message"] == (
+        "gpus: must be at most 64 (the per-job cap on GPUs), not 80; the largest node here "
+        "has 4 GPUs (g0): ask for 4 or fewer"
+    )
