@@ -111,7 +111,7 @@ def test_kernelspec_add_installs_a_lab_s_own_gpu_kernel_and_list_shows_it(
 ) -> None:
     code, out, _ = run(
         capsys,
-        *("kernelspec", "add", "--gpus", "2", "--mem", "40G", "--model", "A100"),
+        *("kernelspec", "add", "--gpus", "2", "--gpu-mem", "40G", "--model", "A100"),
         *("--name", "a100x2", "--prefix", str(tmp_path)),
     )
     where = tmp_path / "share" / "jupyter" / "kernels" / "a100x2"

@@ -71,11 +71,13 @@ def test_a_submit_past_the_queued_limit_says_the_limit_and_the_count_in_one_line
         item.click(button="right")
         page.locator(".lm-Menu-item", has_text="Submit to GPU Queue").click()
         page.locator(".jp-Dialog .jp-mod-accept").click()
-        refusal = page.locator(".jp-Dialog", has_text="Could not submit the notebook")
+        # The dialog stays, with the server's reason above what was typed.
+        refusal = page.locator(".jp-Dialog .jp-gpusched-submit-refused")
         refusal.wait_for(state="visible")
-        text = refusal.locator(".jp-Dialog-body").inner_text().strip()
+        text = refusal.inner_text().strip()
         screenshot(page, "lab-limits-queued-refused")
         assert "\n" not in text, text
+        assert text.startswith("The server refused it: "), text
         assert "has 1 queued job," in text and "(GpuSchedPolicy.limits queued_jobs) is 1" in text
     finally:
         page.context.close()

@@ -221,7 +221,7 @@ def test_interrupt_stops_a_busy_remote_cell_and_the_kernel_lives_on(cells: dict[
 @pytest.mark.parametrize(
     ("key", "line"),
     [
-        ("bad_arg", "argument --gpus: 'many' is not a whole number (see %%gpu --help)"),
+        ("bad_arg", "argument --gpus: 'many' is not a whole number (see %gpu --help)"),
         (
             "bad_command",
             "unknown command 'frobnicate'; use one of release, status, "
@@ -418,24 +418,23 @@ def shell() -> Any:
     [
         (
             "%%gpu --gpus -3\nprint(1)",
-            "argument --gpus: must be 0 or more, got -3 (see %%gpu --help)",
+            "argument --gpus: must be 0 or more, got -3 (see %gpu --help)",
         ),
         (
             "%%gpu --mem lots\nprint(1)",
-            "argument --mem: 'lots' is not a size; write it "
-            "like 16G, 512M or 24 (see %%gpu --help)",
+            "argument --mem: 'lots' is not a size; write it like 16G, 512M or 24 (see %gpu --help)",
         ),
         (
             "%%gpu --max-runtime soon\nprint(1)",
             "argument --max-runtime: 'soon' is not a "
             "duration; write it like 90s, 15m, 2h or 1h30m "
-            "(see %%gpu --help)",
+            "(see %gpu --help)",
         ),
         (
             "%%gpu --lease\nprint(1)",
-            "argument --lease: expected one argument (see %%gpu --help)",
+            "argument --lease: expected one argument (see %gpu --help)",
         ),
-        ("%gpu submit", "give the script to run, e.g. %gpu submit train.py --gpus 1"),
+        ("%gpu submit", "give the script to run, e.g. %gpu submit --gpus 1 train.py"),
         ("%gpu submit missing.py", "no file 'missing.py' in {cwd}"),
         ("%gpu cancel one", "argument ID: 'one' is not a whole number (see %gpu cancel --help)"),
         ("%gpu logs 'unclosed", "cannot read the arguments: No closing quotation"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -198,11 +199,24 @@ def test_the_rendered_view_shows_figures_window_and_hover_details() -> None:
     ) in text
     assert "<b>day window until 20:00, then night</b> (Mon-Fri 08:00-20:00)" in text
     assert "<li>interactive leases: 25% of GPUs reserved, at most 75% of GPUs</li>" in text
-    # the cell is the legend's colour, with the job holding it written on it
+    # the cell is the legend's colour, with its GPU index written on it
     assert "background:#2e7d32;color:#fff;font-size:9px;line-height:28px;text-align:center;" in text
-    assert ">4</div>" in text
     assert "<td style='padding:0 6px'>2nd in line, starts in 12m (10:12): no room</td>" in text
     assert "<td style='padding:0 6px'>1 GPU</td>" in text
+
+
+def test_gpus_are_numbered_by_index_as_in_the_lab_panel() -> None:
+    # The lab panel writes "0".."3" on g0's cells and "a100-0: 0,1" in a job's row; the widget
+    # wrote the holding job's id (4, 5) on the cells, so "GPU 4" meant two things.
+    w = ClusterMap(now=lambda: AT, tz=UTC)
+    w.apply_cluster(CLUSTER)
+    placement = {"node": "g0", "gpu_indices": [0, 1], "share_per_gpu": 1.0}
+    w.apply_jobs([_job(4, "running", placement=placement)])
+    cells = re.findall(r"data-jobs='([\d,]*)'>(\d+)</div>", w.children[0].value)
+    assert cells == [("4", "0"), ("5", "1"), ("", "2"), ("", "3"), ("", "0")]
+    assert "numbers: GPU index (as in the lab panel)" in w.children[0].value
+    assert w.get_state()["queue"][0]["node"] == "g0: 0,1"
+    assert "<td style='padding:0 6px'>g0: 0,1</td>" in w.children[3].value
 
 
 def test_job_events_keep_the_queue_in_order_and_say_when_the_map_changed() -> None:

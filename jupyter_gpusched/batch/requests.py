@@ -147,6 +147,30 @@ def resolve_at(
     return (None if start <= now else start), None
 
 
+def script_start(
+    at: Any, tz_name: Any, config: windows.PolicyConfig, now: datetime
+) -> datetime | None:
+    """``not_before`` of a script job given ``at`` (and its ``timezone``), as notebooks read it.
+
+    ``POST jobs`` takes the words ``POST notebooks`` takes (now, tonight, a window, an ISO
+    time), so ``--at tonight`` means the same for a script and a notebook; a cron expression
+    repeats notebooks only.
+    """
+    if not isinstance(at, str):
+        raise InvalidSpecError("at", "give now, tonight, a window name or an ISO time as text")
+    if tz_name is not None and not isinstance(tz_name, str):
+        raise InvalidSpecError("timezone", "give an IANA name like 'Europe/Berlin'")
+    tz = tz_name or config.timezone
+    check_timezone(tz)
+    if is_cron(at):
+        raise InvalidSpecError(
+            "at",
+            "a cron expression repeats notebooks only (submit-notebook); for a script give "
+            "now, tonight, a window name or an ISO time",
+        )
+    return resolve_at(at, config, now, tz)[0]
+
+
 def build_submission(
     request: NotebookSubmission,
     *,

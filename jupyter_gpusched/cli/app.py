@@ -79,8 +79,15 @@ class SimulateApp(JupyterApp):
         self.argv_rest = list(sys.argv[1:] if argv is None else argv)
 
     def start(self) -> None:  # noqa: D102
-        from jupyter_gpusched.packing.simulate import main
+        from jupyter_gpusched.core.cmdline import OptionError, check_argparse
+        from jupyter_gpusched.packing.simulate import _parser, main
 
+        try:
+            check_argparse(_parser(), self.argv_rest)
+        except OptionError as exc:
+            prog = "jupyter gpusched simulate"
+            print(f"{prog}: error: {exc} (see {prog} --help)", file=sys.stderr)
+            self.exit(2)
         try:
             code = main(self.argv_rest)
         except SystemExit as exc:  # argparse: --help (0) or a usage error (2)

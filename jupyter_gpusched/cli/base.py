@@ -3,8 +3,11 @@
 Each subcommand is a :class:`GpuSchedCommand`: its options are traits, so they work as in every
 Jupyter command (``--QueueApp.limit=20`` on the command line, ``c.QueueApp.limit = 20`` in
 ``jupyter_gpusched_config.py``, ``c.GpuSchedCommand.url = ...`` for all of them); the short
-forms (``--limit 20``) are aliases. Bad arguments print one line and exit 2, before any server
-is asked; a refusal by the server (or none found) prints one line and exits 1.
+forms (``--limit 20``) are aliases. The options of a job are the grammar's
+(:mod:`jupyter_gpusched.client.options`), the same as the ``%gpu`` magic's. Bad arguments print
+one line and exit 2, before any server is asked -- a misspelt option too, naming the one meant
+(traitlets itself only warns and goes on); a refusal by the server (or none found) prints one
+line and exits 1.
 
 Imports stay light: traitlets, jupyter_core and the standard library; the client (pydantic) is
 imported when a command runs, never jupyter_server, tornado, SQLAlchemy or IPython.
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from jupyter_core.application import JupyterApp, base_aliases, base_flags
-from traitlets import Container, Dict, Float, Int, TraitError, Unicode
-from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader, _KVArgParser
+from traitlets import Bool, Container, Dict, Enum, Float, Int, List, TraitError, TraitType, Unicode
+from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader
 
+from jupyter_gpusched.client.options import OPTIONS, PARSE, options_of
+from jupyter_gpusched.core.cmdline import StrictLoader
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
@@ -99,37 +103,71 @@ class Share(Float):  # type: ignore[type-arg]
         return value
 
 
-class IsoTime(Unicode):  # type: ignore[type-arg]
-    """An ISO 8601 time with a timezone."""
+class Number(Float):  # type: ignore[type-arg]
+    """A number > 0 that says so when it is not."""
 
-    def from_string(self, s: str) -> str | None:  # noqa: D102
+    def from_string(self, s: str) -> float | None:  # noqa: D102
+        if self.allow_none and s == "None":
+            return None
         try:
-            when = datetime.fromisoformat(s)
-        except ValueError:
-            raise TraitError(f"{s!r} is not an ISO time") from None
-        if when.tzinfo is None:
-            raise TraitError("needs a timezone, e.g. 2026-11-23T22:00:00+01:00")
-        return when.isoformat()
+            return PARSE["number"](s)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+
+
+#: The trait of each kind of option value in :mod:`jupyter_gpusched.client.options`.
+_TRAITS: dict[str, type[TraitType[Any, Any]]] = {
+    "count": Count,
+    "size": Size,
+    "duration": Duration,
+    "share": Share,
+    "number": Number,
+    "text": Unicode,
+}
+
+
+def option_trait(flag: str) -> TraitType[Any, Any]:
+    """The config trait of one option of the grammar: its help, its reading of values."""
+    option = OPTIONS[flag]
+    if option.kind == "flag":
+        return Bool(False, help=option.help).tag(config=True)
+    if option.kind == "list":
+        return List(Unicode(), help=option.help).tag(config=True)
+    if option.kind == "choice":
+        trait = Enum(option.choices, None, allow_none=True, help=option.help)
+    else:
+        trait = _TRAITS[option.kind](None, allow_none=True, help=option.help)
+    # left out, the request leaves it to the server: --help says so rather than "None"
+    trait.default_value_repr = lambda: "unset (the server's default)"  # type: ignore[method-assign]
+    return trait.tag(config=True)
+
+
+def option_aliases(command: str, cls: str) -> dict[Any, str]:
+    """``--gpus`` for ``--<cls>.gpus``, and so on, for every option of ``command``."""
+    aliases: dict[Any, str] = {}
+    for option in options_of(command):
+        if option.kind != "flag":
+            key = (option.short[1:], option.word) if option.short else option.word
+            aliases[key] = f"{cls}.{option.name}"
+    return aliases
+
+
+def option_flags(command: str, cls: str) -> dict[str, Any]:
+    """The options of ``command`` that take no value, as traitlets flags."""
+    return {
+        o.word: ({cls: {o.name: True}}, o.help) for o in options_of(command) if o.kind == "flag"
+    }
 
 
 # ---------------------------------------------------------------------------- parsing
 
 
-class _OneLineParser(_KVArgParser):
-    """Argument errors as one line and exit status 2, not argparse's usage block."""
-
-    def error(self, message: str) -> NoReturn:  # noqa: D102
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-class _Loader(KVArgParseConfigLoader):
-    """traitlets' command-line loader, checking each value as it reads it.
+class _Loader(StrictLoader):
+    """traitlets' command-line loader, refusing unknown options, checking each value it reads.
 
     traitlets converts values only when it applies the config, where an error has lost the
     option's name; converting here names it (``argument --gpus: 'two' is not a whole number``).
     """
-
-    parser_class = _OneLineParser
 
     def _convert_to_config(self) -> None:
         options = {}
@@ -179,7 +217,13 @@ class GpuSchedCommand(JupyterApp):
     def _create_loader(  # type: ignore[override]
         self, argv: list[str] | None, aliases: Any, flags: Any, classes: Any
     ) -> KVArgParseConfigLoader:
-        return _Loader(argv, aliases, flags, classes=classes, log=self.log, prog=self.prog)
+        loader = _Loader(argv, aliases, flags, classes=classes, log=self.log, prog=self.prog)
+        if self.command == "submit":
+            loader.hint = (
+                f"(the command's own options go after '--': {self.prog} [OPTIONS] -- "
+                "COMMAND ARGS...)"
+            )
+        return loader
 
     def initialize(self, argv: Any = None) -> None:
         """Read the arguments and config files, then check them (:meth:`check`)."""
@@ -196,7 +240,7 @@ class GpuSchedCommand(JupyterApp):
 
     def fail(self, message: str) -> NoReturn:
         """One usage line on stderr, exit 2."""
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         self.exit(2)
         raise AssertionError  # pragma: no cover - exit raises
 

@@ -10,77 +10,74 @@ from __future__ import annotations
 import os
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
-from traitlets import Bool, Enum, Float, List, Unicode
+from traitlets import Bool, Unicode
 
-from jupyter_gpusched.client.options import resource_fields
+from jupyter_gpusched.client.options import missing_script, request_fields
 from jupyter_gpusched.core.api import MAX_ARRAY, MAX_LIMIT
 
-from .base import Count, Duration, GpuSchedCommand, IsoTime, Share, Size, UsageError, job_ids
+from .base import (
+    Count,
+    GpuSchedCommand,
+    UsageError,
+    job_ids,
+    option_aliases,
+    option_flags,
+    option_trait,
+)
 
 
-class ResourceOptions(GpuSchedCommand):
-    """What a job needs: GPUs (whole, by memory or a share), CPUs, host memory, models."""
+class JobOptions(GpuSchedCommand):
+    """What every job asks for (the grammar's options, :mod:`jupyter_gpusched.client.options`).
 
-    gpus = Count(1, help="GPUs, all on one node.").tag(config=True)
-    mem = Size(None, allow_none=True, help="GPU memory needed on each GPU, e.g. 16G.").tag(
-        config=True
-    )
-    share = Share(None, allow_none=True, help="Share of one GPU (0-1], e.g. 0.5.").tag(config=True)
-    cpus = Float(None, allow_none=True, help="CPU cores (default 1).").tag(config=True)
-    host_mem = Size(None, allow_none=True, help="Host memory, e.g. 32G (default 4G).").tag(
-        config=True
-    )
-    model = List(Unicode(), help="Allowed GPU model (repeat the option for more).").tag(config=True)
-    max_runtime = Duration(None, allow_none=True, help="Stop after this long, e.g. 2h.").tag(
-        config=True
-    )
-    job_name = Unicode(None, allow_none=True, help="Display name of the job.").tag(config=True)
-    priority = Enum(("interactive", "batch"), None, allow_none=True, help="Priority class.").tag(
-        config=True
-    )
-    retries = Count(None, allow_none=True, help="Run again this many times (lost or failed).").tag(
-        config=True
-    )
+    Subclasses name their ``grammar`` command and add the options only they take.
+    """
+
+    #: The command of the grammar whose options this app takes.
+    grammar: ClassVar[str] = ""
+
+    gpus = option_trait("--gpus")
+    gpu_mem = option_trait("--gpu-mem")
+    share = option_trait("--share")
+    model = option_trait("--model")
+    cpus = option_trait("--cpus")
+    mem = option_trait("--mem")
+    host_mem = option_trait("--host-mem")
+    max_runtime = option_trait("--max-runtime")
+    job_name = option_trait("--name")
+    priority = option_trait("--priority")
+    retries = option_trait("--retries")
+    env = option_trait("--env")
+    at = option_trait("--at")
+    timezone = option_trait("--timezone")
     json = Bool(False, help="Print the API's JSON.").tag(config=True)
 
-    def resources(self) -> dict[str, Any]:
-        """The request fields of the options given (the server's defaults for the rest)."""
-        return resource_fields(
-            gpus=self.gpus,
-            gpu_mem_gb=self.mem,
-            share=self.share,
-            models=list(self.model),
-            max_runtime_s=self.max_runtime,
-            cpus=self.cpus,
-            mem_gb=self.host_mem,
-            name=self.job_name,
-            priority=self.priority,
-            retries=self.retries,
-        )
+    def request(self) -> dict[str, Any]:
+        """The request fields of the options given (the server's defaults for the rest).
 
+        Raises :class:`UsageError` for a value the grammar refuses (``--env X``); the notes
+        (an old spelling, what ``--mem`` means) are kept to say when the command runs.
+        """
+        values = {name: getattr(self, name) for name in self.trait_names(config=True)}
+        try:
+            fields, self.notes = request_fields(self.grammar, values)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return fields
 
-def _resource_aliases(cls: str) -> dict[str, str]:
-    """``--gpus`` for ``--<cls>.gpus``, and so on."""
-    names = ("gpus", "mem", "share", "cpus", "model", "priority", "retries")
-    aliases = {n: f"{cls}.{n}" for n in names}
-    aliases.update(
-        {
-            "host-mem": f"{cls}.host_mem",
-            "max-runtime": f"{cls}.max_runtime",
-            "name": f"{cls}.job_name",
-        }
-    )
-    return aliases
+    def say_notes(self) -> None:
+        """The notes of :meth:`request`, one line each on stderr."""
+        for note in getattr(self, "notes", ()):
+            print(f"{self.prog}: note: {note}", file=sys.stderr)
 
 
 def _json_flag(cls: str) -> dict[str, Any]:
     return {"json": ({cls: {"json": True}}, "Print the API's JSON.")}
 
 
-class SubmitApp(ResourceOptions):
-    """Queue a script: ``jupyter gpusched submit --gpus 2 --mem 16G -- python train.py``.
+class SubmitApp(JobOptions):
+    """Queue a script: ``jupyter gpusched submit --gpus 2 --gpu-mem 16G -- python train.py``.
 
     Like ``%gpu submit``: local files the command names (relative paths, e.g. ``train.py``)
     are staged with the job, and it runs in this directory (for nodes that share it), or in
@@ -88,64 +85,40 @@ class SubmitApp(ResourceOptions):
     """
 
     command = "submit"
+    grammar = "submit"
     description = (
-        "Queue a script on the GPU cluster; the command to run follows '--'. Files it names "
-        "(relative paths) are staged; it runs in this directory, or with --staged in the "
-        "job's directory on the node."
+        "Queue a script on the GPU cluster: options first, then the command to run (after "
+        "'--' when it has options of its own). Files it names (relative paths) are staged; it "
+        "runs in this directory, or with --staged in the job's directory on the node."
     )
-    examples = "jupyter gpusched submit --gpus 2 --mem 16G -- python train.py --lr 0.1"
+    examples = "jupyter gpusched submit --gpus 2 --gpu-mem 16G -- python train.py --lr 0.1"
 
-    at = IsoTime(None, allow_none=True, help="Do not start before this ISO time (with zone).").tag(
-        config=True
-    )
-    env = List(Unicode(), help="NAME=VALUE: an environment variable of the job (repeat).").tag(
-        config=True
-    )
-    workdir = Unicode(
-        None, allow_none=True, help="Working directory on the node (default: this one)."
-    ).tag(config=True)
-    staged = Bool(
-        False, help="Run the staged copies in the job's directory on the node, not here."
-    ).tag(config=True)
-    array = Count(
-        None,
-        allow_none=True,
-        help="Queue this many copies as one array; each finds its index (0..N-1) in "
-        "$GPUSCHED_ARRAY_INDEX.",
-    ).tag(config=True)
+    workdir = option_trait("--workdir")
+    staged = option_trait("--staged")
+    array = option_trait("--array")
 
-    aliases = {
-        **GpuSchedCommand.aliases,
-        **_resource_aliases("SubmitApp"),
-        "at": "SubmitApp.at",
-        "env": "SubmitApp.env",
-        "workdir": "SubmitApp.workdir",
-        "array": "SubmitApp.array",
-    }
+    aliases = {**GpuSchedCommand.aliases, **option_aliases("submit", "SubmitApp")}
     flags = {
         **GpuSchedCommand.flags,
         **_json_flag("SubmitApp"),
-        "staged": (
-            {"SubmitApp": {"staged": True}},
-            "Run the staged copies in the job's directory on the node, not here.",
-        ),
+        **option_flags("submit", "SubmitApp"),
     }
 
     def check(self) -> None:
-        """The command, the files it names, the working directory and the environment."""
+        """The command, the script it runs, the working directory and the environment."""
         if not self.extra_args:
             raise UsageError("give the command to run after --, e.g. -- python train.py")
-        env = {}
-        for item in self.env:
-            name, sep, value = item.partition("=")
-            if not sep:
-                raise UsageError(f"--env {item!r}: write it as NAME=VALUE")
-            env[name] = value
-        command, self.staged_files = staged_command(list(self.extra_args), staged=self.staged)
-        self.spec = {"kind": "script", "command": command, **self.resources()}
+        fields = self.request()
+        argv = list(self.extra_args)
+        if argv[0].endswith(".py") and "/" not in argv[0]:
+            argv.insert(0, "python3")  # as %gpu submit train.py runs it
+        if self.workdir is None and (missing := missing_script(argv, os.getcwd())):
+            raise UsageError(missing)
+        command, self.staged_files = staged_command(argv, staged=self.staged)
+        self.spec = {"kind": "script", "command": command, **fields}
         workdir = self.workdir or (None if self.staged else os.getcwd())
         files = [os.path.abspath(f) for f in self.staged_files] or None
-        extra = {"not_before": self.at, "workdir": workdir, "env": env or None, "files": files}
+        extra = {"workdir": workdir, "files": files}
         self.spec.update({k: v for k, v in extra.items() if v is not None})
         if self.array is not None and not 1 <= self.array <= MAX_ARRAY:
             raise UsageError(f"--array: from 1 to {MAX_ARRAY} tasks, got {self.array}")
@@ -156,6 +129,7 @@ class SubmitApp(ResourceOptions):
 
         from .formats import local_tz
 
+        self.say_notes()
         if self.array is not None:
             jobs = self.client().submit_array(self.array, self.spec)
             if self.json:

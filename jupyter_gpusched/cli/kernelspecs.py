@@ -1,6 +1,6 @@
 """``jupyter gpusched kernelspec add|list``: a lab's own GPU kernels in the launcher.
 
-``add`` installs a kernelspec whose kernels run on leased GPUs (``--gpus 2 --mem 40G --model
+``add`` installs a kernelspec whose kernels run on leased GPUs (``--gpus 2 --gpu-mem 40G --model
 A100 --name a100x2``), as ``jupyter kernelspec install`` would (system-wide by default,
 ``--user``, ``--sys-prefix`` or ``--prefix``); ``list`` shows the GPU kernelspecs installed
 and what each asks for. Remove one with ``jupyter kernelspec remove NAME``.
@@ -11,19 +11,19 @@ from __future__ import annotations
 import re
 import sys
 
-from traitlets import Bool, Float, List, Unicode
+from traitlets import Bool, Unicode
 
-from .base import Count, Duration, GpuSchedCommand, Share, Size, UsageError
+from .base import GpuSchedCommand, UsageError, option_aliases, option_trait
 
 _NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)  # what jupyter_client accepts
 
 
 class KernelspecApp(GpuSchedCommand):
-    """``kernelspec add --name NAME [--gpus N --mem 40G --model A100 ...]`` or ``list``."""
+    """``kernelspec add --name NAME [--gpus N --gpu-mem 40G --model A100 ...]`` or ``list``."""
 
     command = "kernelspec"
     description = "Install a GPU kernelspec (add) or show the installed ones (list)."
-    examples = "jupyter gpusched kernelspec add --gpus 2 --mem 40G --model A100 --name a100x2"
+    examples = "jupyter gpusched kernelspec add --gpus 2 --gpu-mem 40G --model A100 --name a100x2"
 
     kernel_name = Unicode("", help="Name of the kernelspec (letters, digits, . _ -).").tag(
         config=True
@@ -31,19 +31,14 @@ class KernelspecApp(GpuSchedCommand):
     display_name = Unicode(
         "", help="Name in the launcher; default: 'Python 3 (<what it asks for>)'."
     ).tag(config=True)
-    gpus = Count(1, help="GPUs, all on one node.").tag(config=True)
-    mem = Size(None, allow_none=True, help="GPU memory needed on each GPU, e.g. 40G.").tag(
-        config=True
-    )
-    share = Share(None, allow_none=True, help="Share of one GPU (0-1], e.g. 0.5.").tag(config=True)
-    model = List(Unicode(), help="Allowed GPU model (repeat the option for more).").tag(config=True)
-    cpus = Float(None, allow_none=True, help="CPU cores (default 1).").tag(config=True)
-    host_mem = Size(None, allow_none=True, help="Host memory, e.g. 32G (default 4G).").tag(
-        config=True
-    )
-    max_runtime = Duration(
-        None, allow_none=True, help="End the kernel's lease after, e.g. 8h."
-    ).tag(config=True)
+    gpus = option_trait("--gpus")
+    gpu_mem = option_trait("--gpu-mem")
+    share = option_trait("--share")
+    model = option_trait("--model")
+    cpus = option_trait("--cpus")
+    mem = option_trait("--mem")
+    host_mem = option_trait("--host-mem")
+    max_runtime = option_trait("--max-runtime")
     user = Bool(False, help="Install for the current user only.").tag(config=True)
     sys_prefix = Bool(False, help="Install into this Python environment (sys.prefix).").tag(
         config=True
@@ -54,13 +49,7 @@ class KernelspecApp(GpuSchedCommand):
         **GpuSchedCommand.aliases,
         "name": "KernelspecApp.kernel_name",
         "display-name": "KernelspecApp.display_name",
-        "gpus": "KernelspecApp.gpus",
-        "mem": "KernelspecApp.mem",
-        "share": "KernelspecApp.share",
-        "model": "KernelspecApp.model",
-        "cpus": "KernelspecApp.cpus",
-        "host-mem": "KernelspecApp.host_mem",
-        "max-runtime": "KernelspecApp.max_runtime",
+        **option_aliases("kernelspec", "KernelspecApp"),
         "prefix": "KernelspecApp.prefix",
     }
     flags = {
@@ -77,7 +66,7 @@ class KernelspecApp(GpuSchedCommand):
         """A verb; for ``add`` a valid name and a request a lease could hold."""
         from pydantic import ValidationError
 
-        from jupyter_gpusched.client.options import resource_fields
+        from jupyter_gpusched.client.options import request_fields
         from jupyter_gpusched.core.models import JobSubmission, invalid_field
 
         self.verb = self.positional("verb", at_least=1)[0]
@@ -94,15 +83,10 @@ class KernelspecApp(GpuSchedCommand):
             )
         if sum((self.user, self.sys_prefix, bool(self.prefix))) > 1:
             raise UsageError("give at most one of --user, --sys-prefix and --prefix")
-        self.fields = resource_fields(
-            gpus=self.gpus,
-            gpu_mem_gb=self.mem,
-            share=self.share,
-            models=list(self.model),
-            max_runtime_s=self.max_runtime,
-            cpus=self.cpus,
-            mem_gb=self.host_mem,
-        )
+        values = {name: getattr(self, name) for name in self.trait_names(config=True)}
+        self.fields, notes = request_fields("kernelspec", values)
+        for note in notes:
+            print(f"{self.prog}: note: {note}", file=sys.stderr)
         try:
             JobSubmission(kind="lease", **self.fields)
         except ValidationError as exc:

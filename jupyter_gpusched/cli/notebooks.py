@@ -5,100 +5,67 @@ Exit codes as the other subcommands: 0 ok, 1 refused or unreachable, 2 bad argum
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING
 
-from traitlets import Bool, Enum, List, Unicode
+from traitlets import Bool, Unicode
 
-from jupyter_gpusched.client.options import HELP, parse_parameter
+from jupyter_gpusched.client.options import merge_parameters
 
-from .base import Duration, GpuSchedCommand, UsageError, job_ids
-from .jobs import ResourceOptions, _json_flag, _resource_aliases
+from .base import GpuSchedCommand, UsageError, job_ids, option_aliases, option_flags, option_trait
+from .jobs import JobOptions, _json_flag
 
 if TYPE_CHECKING:
     from jupyter_gpusched.client.api import GpuSchedClient
     from jupyter_gpusched.core.api import JobView
 
 
-class SubmitNotebookApp(ResourceOptions):
+class SubmitNotebookApp(JobOptions):
     """``submit-notebook NB [-p NAME=VALUE ...] [--gpus N] [--at WHEN]``."""
 
     command = "submit-notebook"
+    grammar = "submit-notebook"
     description = (
         "Run a notebook on the GPU cluster as a batch job; the executed notebook comes back "
         "beside it."
     )
     examples = "jupyter gpusched submit-notebook train.ipynb -p lr=0.1 --gpus 2 --at tonight"
 
-    parameter = List(Unicode(), help=HELP["parameter"]).tag(config=True)
-    parameters_json = Unicode(None, allow_none=True, help="All parameters as one JSON object.").tag(
-        config=True
-    )
-    at = Unicode("now", help=HELP["at"]).tag(config=True)
-    kernel = Unicode(None, allow_none=True, help=HELP["kernel"]).tag(config=True)
-    timezone = Unicode(
-        None, allow_none=True, help="Timezone of the cron (default: the policy's)."
-    ).tag(config=True)
-    catch_up = Enum(
-        ("skip", "once"), None, allow_none=True, help="After downtime (cron only): skip or once."
-    ).tag(config=True)
-    cell_timeout = Duration(
-        None, allow_none=True, help="Stop a cell after this long, e.g. 10m."
-    ).tag(config=True)
-    retry_backoff = Duration(None, allow_none=True, help="First wait before a retry (1m).").tag(
-        config=True
-    )
+    parameter = option_trait("--parameter")
+    parameters_json = option_trait("--parameters-json")
+    kernel = option_trait("--kernel")
+    catch_up = option_trait("--catch-up")
+    cell_timeout = option_trait("--cell-timeout")
+    retry_backoff = option_trait("--retry-backoff")
     wait = Bool(False, help="Wait for the run; exit 1 if it failed.").tag(config=True)
 
     aliases = {
         **GpuSchedCommand.aliases,
-        **_resource_aliases("SubmitNotebookApp"),
-        ("p", "parameter"): "SubmitNotebookApp.parameter",
-        "parameters-json": "SubmitNotebookApp.parameters_json",
-        "at": "SubmitNotebookApp.at",
-        "kernel": "SubmitNotebookApp.kernel",
-        "timezone": "SubmitNotebookApp.timezone",
-        "catch-up": "SubmitNotebookApp.catch_up",
-        "cell-timeout": "SubmitNotebookApp.cell_timeout",
-        "retry-backoff": "SubmitNotebookApp.retry_backoff",
+        **option_aliases("submit-notebook", "SubmitNotebookApp"),
     }
     flags = {
         **GpuSchedCommand.flags,
         **_json_flag("SubmitNotebookApp"),
+        **option_flags("submit-notebook", "SubmitNotebookApp"),
         "wait": ({"SubmitNotebookApp": {"wait": True}}, "Wait for the run; exit 1 if it failed."),
     }
 
     def check(self) -> None:
-        """The notebook and its parameters."""
+        """The notebook (a file here) and its parameters."""
         (self.notebook,) = self.positional("notebook", at_least=1, at_most=1)
+        if not os.path.isfile(self.notebook):
+            raise UsageError(f"no notebook {self.notebook!r} in {os.getcwd()}")
+        self.fields = self.request()
         try:
-            parameters = dict(parse_parameter(t) for t in self.parameter)
-            if self.parameters_json:
-                extra = json.loads(self.parameters_json)
-                if not isinstance(extra, dict):
-                    raise ValueError("--parameters-json must be a JSON object")
-                parameters = {**extra, **parameters}
+            merge_parameters(self.fields, self.parameters_json)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        extra = {
-            "timezone": self.timezone,
-            "catch_up": self.catch_up,
-            "kernel_name": self.kernel,
-            "cell_timeout_s": self.cell_timeout,
-            "retry_backoff_s": self.retry_backoff,
-        }
-        self.fields = {
-            "parameters": parameters,
-            "at": self.at,
-            **self.resources(),
-            **{k: v for k, v in extra.items() if v is not None},
-        }
 
     def run(self) -> int:
         """Submit; say which job or definition it became (wait for the job with --wait)."""
         from .formats import format_definition, format_notebook_job
 
+        self.say_notes()
         client = self.client()
         answer = client.submit_notebook(os.path.abspath(self.notebook), **self.fields)
         job, definition = answer.job, answer.definition

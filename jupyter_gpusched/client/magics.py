@@ -6,9 +6,11 @@ REST API of the Jupyter server that started the kernel (found through ``$GPUSCHE
 files of the runtime dir, preferring the kernel's parent server).
 
 A ``%%gpu`` cell acquires (or reuses) a lease -- one per notebook by default, more with
-``--lease NAME`` -- and runs in the lease's remote ipykernel (:mod:`.leases`). Arguments are
-IPython ``magic_arguments``, one parser per line command; every failure a user should read is
-an :class:`~IPython.core.error.UsageError`: one line, no traceback.
+``--lease NAME`` -- and runs in the lease's remote ipykernel (:mod:`.leases`). The options of
+``%%gpu``, ``submit`` and ``submit-notebook`` are the job options of the CLI, from the one
+grammar of :mod:`.options` (the same spelling, help and meaning; a misspelt one names the one
+meant); the other line commands use IPython ``magic_arguments``. Every failure a user should
+read is an :class:`~IPython.core.error.UsageError`: one line, no traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import atexit
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -26,86 +27,106 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from jupyter_gpusched.core.api import JobView, NotebookSubmitted
+from jupyter_gpusched.core.cmdline import check_argparse
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.progress import ProgressFilter
-from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
 from .api import GpuSchedClient, find_server
 from .leases import LeaseKeeper, discover, session_name
 from .lines import standing
-from .options import HELP, parse_parameter, resource_fields
+from .options import (
+    OPTIONS,
+    OptionError,
+    argparser,
+    merge_parameters,
+    request_fields,
+    spellings,
+    split_argv,
+)
 
-
-def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type keeping our message (``'lots' is not a size; write it like 16G``)."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
+#: The request fields that describe a lease: a cell asking for others is told so.
+_ASKED = ("gpus", "gpu_mem_gb", "gpu_share", "gpu_models")
 
 
 def _count(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise ValueError(f"must be 0 or more, got {value}")
-    return value
+        return OPTIONS["--gpus"].parse(text)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-COUNT, SIZE, DURATION = _typed(_count), _typed(parse_size_gb), _typed(parse_duration_s)
+_count.__name__ = "count"
+
+#: The usage line and help pointer of each command the grammar defines.
+_USAGE = {
+    "cell": ("%%gpu", "%%gpu [OPTIONS]\n<code>", "%gpu --help"),
+    "submit": (
+        "%gpu submit",
+        "%gpu submit [OPTIONS] SCRIPT [ARGS ...] [-- ARGS ...]",
+        "%gpu submit --help",
+    ),
+    "submit-notebook": (
+        "%gpu submit-notebook",
+        "%gpu submit-notebook [OPTIONS] NOTEBOOK",
+        "%gpu submit-notebook --help",
+    ),
+}
+_ABOUT = {
+    "cell": "Run the cell on a leased GPU; later %%gpu cells reuse the lease, so variables "
+    "persist.",
+    "submit": "Queue a script: options first, then the script and its arguments (its own "
+    "options after '--'). A .py file runs with python3.",
+    "submit-notebook": "Run a notebook as a batch job; the executed copy comes back beside it "
+    "with a timestamped name.",
+}
+_PARSERS = {
+    command: argparser(command, prog, usage, _ABOUT[command])
+    for command, (prog, usage, _) in _USAGE.items()
+}
+_COMMANDS_LINE = (
+    "%gpu COMMAND [OPTIONS]: release, status, queue, submit, submit-notebook, cancel, logs, "
+    "leases, config (%gpu COMMAND --help for each)"
+)
 
 
-def _resources(func: Any) -> Any:
-    """The resource options every job request takes (%%gpu, submit, submit-notebook)."""
-    for deco in reversed(
-        [
-            argument("--gpus", type=COUNT, default=1, help=HELP["gpus"]),
-            argument("--mem", type=SIZE, help=HELP["mem"]),
-            argument("--share", type=float, help=HELP["share"]),
-            argument("--model", action="append", default=[], help=HELP["model"]),
-            argument("--max-runtime", type=DURATION, help=HELP["max-runtime"]),
-        ]
-    ):
-        func = deco(func)
-    return func
+def _grammar(command: str, argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """``(options, words before --, words after --)`` of a command the grammar defines.
 
-
-def _fields(args: argparse.Namespace) -> dict[str, Any]:
-    return resource_fields(
-        gpus=args.gpus,
-        gpu_mem_gb=args.mem,
-        share=args.share,
-        models=args.model,
-        max_runtime_s=args.max_runtime,
+    An unknown option is an error naming the one meant (``did you mean --gpus?``), never a
+    word passed on to the script.
+    """
+    _, _, help_line = _USAGE[command]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    before, after = argv[:cut], argv[cut + 1 :]
+    takes_value, flags = spellings(command)
+    hint = (
+        "(the script's own options go after '--': %gpu submit [OPTIONS] SCRIPT -- ARGS ...)"
+        if command == "submit"
+        else ""
     )
+    try:
+        ours, words = split_argv(before, takes_value, flags, hint=hint)
+        return _PARSERS[command].parse_args(ours), words, after
+    except OptionError as exc:
+        raise UsageError(f"{exc} (see {help_line})") from None
 
 
-#: The %%gpu options that describe the lease, and the request fields they set.
-_ASKED = {"--gpus": "gpus", "--mem": "gpu_mem_gb", "--share": "gpu_share", "--model": "gpu_models"}
+def _wants_help(argv: list[str]) -> bool:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return "-h" in argv[:cut] or "--help" in argv[:cut]
 
 
-def _given(argv: list[str], option: str) -> bool:
-    """Whether the user wrote ``option`` (as ``--gpus 2`` or ``--gpus=2``)."""
-    return any(a == option or a.startswith(option + "=") for a in argv)
-
-
-def _parse(func: Any, argv: list[str], *, partial: bool = False) -> Any:
+def _parse(func: Any, argv: list[str]) -> Any:
     """``argv`` by ``func``'s magic_arguments parser; ``--help`` prints its help (None)."""
     parser = func.parser
-    if "-h" in argv or "--help" in argv:
-        print(parser.format_help())
+    if _wants_help(argv):
+        print(parser.format_help().replace("::\n\n  %", "usage: %", 1))
         return None
     try:
-        return parser.parse_known_args(argv) if partial else parser.parse_args(argv)
-    except UsageError as exc:
-        raise UsageError(f"{exc} (see {parser.prog} --help)") from None
+        check_argparse(parser, argv)  # a misspelt option says which was meant
+        return parser.parse_args(argv)
+    except (UsageError, OptionError) as exc:
+        raise UsageError(f"{exc} (see %{parser.prog} --help)") from None
 
 
 @magics_class
@@ -116,6 +137,7 @@ class GpuMagics(Magics):
         super().__init__(shell)
         self._client: GpuSchedClient | None = None
         self.leases = LeaseKeeper(lambda: self.client, session_name())
+        self._said: set[str] = set()
         atexit.register(self.release_all)
 
     @property
@@ -137,16 +159,20 @@ class GpuMagics(Magics):
 
     # -- entry point --------------------------------------------------------------------------
 
-    @magic_arguments(name="%%gpu")
-    @_resources
-    @argument("--lease", default="default", help="Lease name; one remote kernel per name.")
-    @argument("--timeout", type=DURATION, help="Give up waiting for the lease after this.")
+    def _say(self, notes: list[str]) -> None:
+        """Each note once per kernel (an old spelling, what ``--mem`` means)."""
+        for note in notes:
+            if note not in self._said:
+                self._said.add(note)
+                print(f"%gpu: note: {note}", file=sys.stderr)
+
     @line_cell_magic
     def gpu(self, line: str, cell: str | None = None) -> Any:
         """Run this cell on a leased GPU (variables persist); ``%gpu COMMAND`` does the rest.
 
-        Line commands: release, status, queue, submit, submit-notebook, cancel, logs, leases,
-        config (``%gpu COMMAND --help`` for each).
+        ``%gpu --help`` lists the options of a %%gpu cell and the line commands: release,
+        status, queue, submit, submit-notebook, cancel, logs, leases, config
+        (``%gpu COMMAND --help`` for each).
         """
         try:
             argv = shlex.split(line)
@@ -154,16 +180,24 @@ class GpuMagics(Magics):
             raise UsageError(f"cannot read the arguments: {exc}") from None
         if cell is None:
             return self._line(argv)
-        args = _parse(self.gpu, argv)
-        if args is None:
+        if _wants_help(argv):
+            print(_PARSERS["cell"].format_help())
             return None
+        args, words, after = _grammar("cell", argv)
+        if words or after:
+            raise UsageError(
+                f"%%gpu takes options only, not {' '.join([*words, *after])!r} (see %gpu --help)"
+            )
         if args.gpus == 0:
             raise UsageError(
                 "--gpus 0: a %%gpu cell needs at least 1 GPU (run CPU-only code without %%gpu)"
             )
-        fields = _fields(args)
-        asked = {f: fields[f] for opt, f in _ASKED.items() if _given(argv, opt) and f in fields}
-        return self.leases.run_cell(cell, args.lease, fields, args.timeout, asked=asked)
+        fields, notes = request_fields("cell", vars(args))
+        self._say(notes)
+        asked = {f: fields[f] for f in _ASKED if f in fields}
+        return self.leases.run_cell(
+            cell, args.lease or "default", fields, args.timeout, asked=asked
+        )
 
     def _line(self, argv: list[str]) -> Any:
         commands = {
@@ -178,10 +212,7 @@ class GpuMagics(Magics):
             "config": self._config,
         }
         if not argv or argv[0] in ("-h", "--help", "help"):
-            print(
-                "usage: %gpu {" + ",".join(commands) + "} ...   (%%gpu runs a cell on a GPU; "
-                "%gpu COMMAND --help for details)"
-            )
+            print(f"{_COMMANDS_LINE}\n\n{_PARSERS['cell'].format_help()}")
             return None
         command = commands.get(argv[0])
         if command is None:
@@ -190,7 +221,7 @@ class GpuMagics(Magics):
 
     # -- line commands ------------------------------------------------------------------------
 
-    @magic_arguments(name="%gpu release")
+    @magic_arguments(name="gpu release")
     @argument("--lease", default="default", help="Lease name (default: default).")
     @argument("--all", action="store_true", help="Every lease of this notebook.")
     def _release(self, argv: list[str]) -> None:
@@ -204,7 +235,7 @@ class GpuMagics(Magics):
         else:
             print(f"%gpu: released lease {', '.join(map(str, released))}")
 
-    @magic_arguments(name="%gpu status")
+    @magic_arguments(name="gpu status")
     def _status(self, argv: list[str]) -> Any:
         """Show the cluster map, live."""
         if _parse(self._status, argv) is None:
@@ -216,9 +247,9 @@ class GpuMagics(Magics):
         widget.follow()
         return widget
 
-    @magic_arguments(name="%gpu queue")
+    @magic_arguments(name="gpu queue")
     @argument("--all", action="store_true", help="Include ended jobs.")
-    @argument("--limit", type=COUNT, default=50, help="At most this many jobs.")
+    @argument("--limit", type=_count, default=50, help="At most this many jobs.")
     def _queue(self, argv: list[str]) -> None:
         """Jobs queued or running."""
         from jupyter_gpusched.cli.formats import format_queue
@@ -229,90 +260,85 @@ class GpuMagics(Magics):
         page = self.leases.call(self.client.list_jobs, state=states, limit=args.limit)
         print(format_queue(page.jobs, total=page.total))
 
-    @magic_arguments(name="%gpu submit")
-    @_resources
-    @argument("--name", help=HELP["name"])
-    @argument("--priority", choices=("interactive", "batch"), help=HELP["priority"])
-    @argument(
-        "--staged",
-        action="store_true",
-        help="Run the staged copy in the job's directory on the node (default: in this "
-        "notebook's directory, for nodes sharing it).",
-    )
     def _submit(self, argv: list[str]) -> JobView | None:
-        """Queue a script: %gpu submit train.py [ARGS] --gpus 2; after '--' all is the script's."""
-        ours, script_args = argv, []
-        if "--" in argv:
-            cut = argv.index("--")
-            ours, script_args = argv[:cut], argv[cut + 1 :]
-        if (parsed := _parse(self._submit, ours, partial=True)) is None:
+        """Queue a script: %gpu submit --gpus 2 train.py [ARGS]; after '--' all is the script's."""
+        if _wants_help(argv):
+            print(_PARSERS["submit"].format_help())
             return None
-        args, rest = parsed
-        rest += script_args
+        args, words, after = _grammar("submit", argv)
+        rest = [*words, *after]
         if not rest:
-            raise UsageError("give the script to run, e.g. %gpu submit train.py --gpus 1")
+            raise UsageError("give the script to run, e.g. %gpu submit --gpus 1 train.py")
         script, script_argv = rest[0], rest[1:]
         if not os.path.isfile(script):
             raise UsageError(f"no file {script!r} in {os.getcwd()}")
+        try:
+            fields, notes = request_fields("submit", vars(args))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self._say(notes)
         run = os.path.basename(script) if args.staged else script
         command = ["python3", run] if script.endswith(".py") else [f"./{run}"]
         spec: dict[str, Any] = {
             "kind": "script",
             "command": [*command, *script_argv],
             "files": [os.path.abspath(script)],
-            "name": args.name or os.path.basename(script),
-            **_fields(args),
+            "name": os.path.basename(script),
+            **fields,
         }
-        if not args.staged:
+        if not args.staged and "workdir" not in spec:
             spec["workdir"] = os.getcwd()
-        if args.priority:
-            spec["priority"] = args.priority
+        if args.array is not None:
+            jobs = self.leases.call(self.client.submit_array, args.array, spec)
+            print(
+                f"%gpu: submitted array {jobs.array_id}: {len(jobs.jobs)} jobs "
+                f"{jobs.array_id}..{jobs.jobs[-1].id}; follow one with %gpu logs ID"
+            )
+            return None
         job: JobView = self.leases.call(self.client.submit, spec)
         print(f"%gpu: submitted job {job.id} ({standing(job)}); follow it with %gpu logs {job.id}")
         return job
 
-    @magic_arguments(name="%gpu submit-notebook")
-    @argument("notebook", help=HELP["notebook"])
-    @argument("-p", "--parameter", action="append", default=[], help=HELP["parameter"])
-    @argument("--at", default="now", help=HELP["at"])
-    @argument("--kernel", help=HELP["kernel"])
-    @argument("--name", help=HELP["name"])
-    @_resources
     def _submit_notebook(self, argv: list[str]) -> NotebookSubmitted | None:
         """Run a notebook as a batch job: %gpu submit-notebook nb.ipynb -p lr=0.1 --at tonight.
 
         The executed copy comes back beside it with a timestamped name.
         """
-        if (args := _parse(self._submit_notebook, argv)) is None:
+        if _wants_help(argv):
+            print(_PARSERS["submit-notebook"].format_help())
             return None
-        if not os.path.isfile(args.notebook):
-            raise UsageError(f"no notebook {args.notebook!r} in {os.getcwd()}")
+        args, words, after = _grammar("submit-notebook", argv)
+        if len(words) + len(after) != 1:
+            raise UsageError(
+                "give one notebook, e.g. %gpu submit-notebook train.ipynb -p lr=0.1 "
+                "(see %gpu submit-notebook --help)"
+            )
+        (notebook,) = [*words, *after]
+        if not os.path.isfile(notebook):
+            raise UsageError(f"no notebook {notebook!r} in {os.getcwd()}")
         try:
-            parameters = dict(parse_parameter(text) for text in args.parameter)
+            fields, notes = request_fields("submit-notebook", vars(args))
+            merge_parameters(fields, args.parameters_json)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        fields = {"parameters": parameters, "at": args.at, **_fields(args)}
-        if args.kernel:
-            fields["kernel_name"] = args.kernel
-        if args.name:
-            fields["name"] = args.name
-        path = os.path.abspath(args.notebook)
+        self._say(notes)
+        path = os.path.abspath(notebook)
         answer = self.leases.call(self.client.submit_notebook, path, **fields)
         if answer.definition is not None:
             print(
-                f"%gpu: scheduled {args.notebook} as definition {answer.definition.id} "
+                f"%gpu: scheduled {notebook} as definition {answer.definition.id} "
                 f"({args.at}); list them with 'jupyter gpusched definitions'"
             )
         elif answer.job is not None:
             job = answer.job
             print(
-                f"%gpu: submitted {args.notebook} as job {job.id} ({standing(job)}); "
+                f"%gpu: submitted {notebook} as job {job.id} ({standing(job)}); "
                 f"follow it with %gpu logs {job.id}"
             )
         return answer
 
-    @magic_arguments(name="%gpu cancel")
-    @argument("ids", nargs="+", type=COUNT, metavar="ID")
+    @magic_arguments(name="gpu cancel")
+    @argument("ids", nargs="+", type=_count, metavar="ID")
     def _cancel(self, argv: list[str]) -> None:
         """Cancel queued or running jobs."""
         if (args := _parse(self._cancel, argv)) is None:
@@ -321,8 +347,8 @@ class GpuMagics(Magics):
             job = self.leases.call(self.client.cancel, job_id)
             print(f"%gpu: job {job_id} {job.state.value}")
 
-    @magic_arguments(name="%gpu logs")
-    @argument("id", type=COUNT, metavar="ID")
+    @magic_arguments(name="gpu logs")
+    @argument("id", type=_count, metavar="ID")
     @argument("--follow", "-f", action="store_true", help="Until the job ends.")
     def _logs(self, argv: list[str]) -> None:
         """Print a job's output."""
@@ -342,7 +368,7 @@ class GpuMagics(Magics):
         sys.stdout.write(shown.close().decode(errors="replace"))
         sys.stdout.flush()
 
-    @magic_arguments(name="%gpu leases")
+    @magic_arguments(name="gpu leases")
     def _leases(self, argv: list[str]) -> None:
         """My live leases."""
         from jupyter_gpusched.cli.formats import format_queue
@@ -351,7 +377,7 @@ class GpuMagics(Magics):
             return
         print(format_queue(self.leases.call(self.client.leases)))
 
-    @magic_arguments(name="%gpu config")
+    @magic_arguments(name="gpu config")
     @argument("--url", help="Server URL with base_url, e.g. http://127.0.0.1:8888/.")
     @argument("--token", default="", help="The server's token.")
     def _config(self, argv: list[str]) -> None:

@@ -5,7 +5,8 @@
 :meth:`ClusterMap.apply_event`, so the logic is tested through ``get_state()`` with no kernel.
 The children are plain HTML widgets rendered from those traits: a node x GPU map coloured by
 state (the lab panel's colours, exactly the legend's: memory used is a bar beside, not a shade
-over the colour) with the jobs holding each GPU and hover details, the fragmentation figures
+over the colour), each GPU numbered by its index as the panel numbers it, the jobs holding it
+in its hover details, the fragmentation figures
 in words, the window in force with its rules, and the queue with each waiting job's place,
 expected start and reason. Every figure is written by :mod:`jupyter_gpusched.core.figures`, as
 in the CLI and the lab panel.
@@ -99,7 +100,8 @@ def _queue_entry(job: JobView) -> dict[str, Any]:
         "kind": spec.kind.value,
         "state": job.state.value,
         "gpus": gpus_label(spec.gpus, spec.gpu_share, spec.gpu_mem_gb),
-        "node": job.placement.node if job.placement else None,
+        # `a100-0: 0,1`, as the lab panel's rows write it: GPUs are named by index everywhere.
+        "node": _where(job),
         "position": job.position,
         "estimated_start": (
             job.estimated_start.isoformat() if job.estimated_start is not None else None
@@ -107,6 +109,13 @@ def _queue_entry(job: JobView) -> dict[str, Any]:
         "reason": job.reason,
         "name": spec.name or " ".join(spec.command or []) or "",
     }
+
+
+def _where(job: JobView) -> str | None:
+    p = job.placement
+    if p is None:
+        return None
+    return f"{p.node}: {','.join(str(i) for i in p.gpu_indices)}" if p.gpu_indices else p.node
 
 
 class ClusterMap(widgets.VBox):
@@ -297,7 +306,8 @@ class ClusterMap(widgets.VBox):
         )
         self._map.value = (
             f"<table>{''.join(rows)}</table><div style='font-size:smaller'>{legend} · "
-            "numbers: the jobs holding a GPU · grey bar: memory used</div>"
+            "numbers: GPU index (as in the lab panel) · hover: the jobs holding it · "
+            "grey bar: memory used</div>"
             if rows
             else "<i>no nodes yet</i>"
         )
@@ -367,7 +377,11 @@ def _local_tz() -> tzinfo:
 
 
 def _gpu_cell(gpu: dict[str, Any]) -> str:
-    """One GPU: its state's colour (as in the legend), the jobs holding it, a memory bar."""
+    """One GPU: its state's colour (as in the legend), its index, a memory bar.
+
+    The index, not the jobs holding it, as the lab panel numbers its cells: "GPU 2" means one
+    GPU wherever it is read. The jobs are in the hover text.
+    """
     fill = int(round(gpu["mem_fill"] * 100))
     jobs = ",".join(str(j) for j in gpu["jobs"])
     text = "#3e3e3e" if gpu["state"] == "free" else "#fff"
@@ -375,7 +389,8 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
         f"<div title='{html.escape(gpu['title'], quote=True)}' style='display:flex;"
         f"width:30px;height:28px;border:1px solid #9e9e9e;border-radius:2px;overflow:hidden'>"
         f"<div style='flex:1;background:{gpu['colour']};color:{text};font-size:9px;"
-        f"line-height:28px;text-align:center;overflow:hidden'>{html.escape(jobs)}</div>"
+        f"line-height:28px;text-align:center;overflow:hidden' data-jobs='{jobs}'>"
+        f"{gpu['index']}</div>"
         f"<div style='width:5px;background:#f5f5f5;position:relative'><div style='position:"
         f"absolute;bottom:0;left:0;right:0;height:{fill}%;background:{MEM_BAR}'></div></div>"
         "</div>"

@@ -454,6 +454,12 @@ class JobPost(JobSubmission):
         description="queue this many copies as one array (answered as `JobArray`); each "
         "sees its index in `$GPUSCHED_ARRAY_INDEX`",
     )
+    at: str | None = Field(
+        None,
+        description="when to start, as `POST notebooks` reads it: now | tonight | a window "
+        "name | ISO time (sets `not_before`; a cron schedule is for notebooks)",
+    )
+    timezone: str | None = Field(None, description="of a naive ISO time in `at`")
 
 
 class JobPostList(RootModel[list[JobPost]]):
@@ -578,4 +584,4 @@ def parse_body(model: type[M], data: Any, example: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise invalid_field(exc) from None
+        raise invalid_field(exc, model) from None

@@ -5,6 +5,7 @@ Pydantic models apart from database rows; the store maps rows to these.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from datetime import datetime
@@ -332,7 +333,7 @@ def parse_spec(
     try:
         return JobSpec.model_validate({**data, **overrides}, context={"bounds": bounds})
     except ValidationError as exc:
-        raise invalid_field(exc) from None
+        raise invalid_field(exc, JobSpec) from None
 
 
 def stored_spec(data: Any) -> JobSpec:
@@ -350,8 +351,12 @@ _CAPPED = {
 }
 
 
-def invalid_field(exc: ValidationError) -> InvalidSpecError:
-    """The first error of a pydantic validation as our 422: the field and what to fix."""
+def invalid_field(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidSpecError:
+    """The first error of a pydantic validation as our 422: the field and what to fix.
+
+    With the ``model`` validated, an unknown field names the one meant (``gpu``: did you mean
+    ``gpus``?), as the CLI and the magic do for a misspelt option.
+    """
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "body"
     ctx_error = (err.get("ctx") or {}).get("error")
@@ -376,6 +381,9 @@ def invalid_field(exc: ValidationError) -> InvalidSpecError:
         return InvalidSpecError(loc, f"must be {words} {limit}{which}, not {err['input']!r}")
     if err["type"] == "extra_forbidden":
         msg = "unknown field; check the spelling against the API documentation"
+        names = sorted(model.model_fields) if model is not None and len(err["loc"]) == 1 else []
+        if close := difflib.get_close_matches(loc, names, n=1, cutoff=0.6):
+            msg = f"unknown field; did you mean {close[0]!r}?"
     elif err["type"] == "missing":
         msg = "is required"
     elif msg.startswith("Value error, "):

@@ -28,6 +28,8 @@ from typing import Any
 from jupyter_server.serverapp import ServerApp
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 
+from jupyter_gpusched.core.cmdline import StrictLoader
+
 from .auth import HubIdentityProvider, ServiceAuthorizer, StoreTokenIdentityProvider
 from .config import GpuSchedPolicy
 
@@ -106,6 +108,28 @@ class GpuSchedService(ServerApp):
     ).tag(config=True)
 
     classes = [*ServerApp.classes, GpuSchedPolicy, StoreTokenIdentityProvider, HubIdentityProvider]
+
+    def _create_loader(  # type: ignore[override]
+        self, argv: list[str] | None, aliases: Any, flags: Any, classes: Any
+    ) -> StrictLoader:
+        """Refuse a misspelt option (traitlets only warns and goes on without it).
+
+        ``--GpuSchedApp.*`` is checked too; another extension's options pass as they are.
+        """
+        from .app import GpuSchedApp
+
+        loader = StrictLoader(
+            argv,
+            aliases,
+            flags,
+            classes=classes,
+            log=self.log,
+            subcommands=self.subcommands,
+            prog="jupyter gpusched service",
+        )
+        loader.extra_classes = (GpuSchedApp,)
+        loader.other_classes_ok = True
+        return loader
 
     @property
     def hub_mode(self) -> bool:

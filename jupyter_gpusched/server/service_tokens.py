@@ -11,6 +11,8 @@ from typing import Any
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
 
+from jupyter_gpusched.core.cmdline import StrictLoader
+
 
 class TokenApp(JupyterApp):
     """Mint, list or revoke API tokens of the lab-wide service."""
@@ -31,6 +33,20 @@ class TokenApp(JupyterApp):
         "list": ({"TokenApp": {"list_only": True}}, "List tokens (prefixes only)."),
     }
     aliases: dict[str, Any] = {**JupyterApp.aliases, "note": "TokenApp.note"}
+
+    def _create_loader(  # type: ignore[override]
+        self, argv: list[str] | None, aliases: Any, flags: Any, classes: Any
+    ) -> StrictLoader:
+        """Refuse a misspelt option (traitlets only warns and goes on without it)."""
+        return StrictLoader(
+            argv,
+            aliases,
+            flags,
+            classes=classes,
+            log=self.log,
+            subcommands=self.subcommands,
+            prog="jupyter gpusched service token",
+        )
 
     def start(self) -> None:
         """Do what the flags say for the user named on the command line."""

@@ -12,6 +12,7 @@ import {
   IGpuHistory,
   IJob,
   IJobEvents,
+  IJobPost,
   INotebookSubmission,
   INotebookSubmitted
 } from './types';
@@ -159,6 +160,11 @@ export class GpuschedClient {
       method: 'POST',
       body: JSON.stringify(body)
     });
+  }
+
+  /** `POST jobs`: queue one job (a script from the submit dialog) as the logged-in user. */
+  submitJob(body: IJobPost): Promise<IJob> {
+    return this.json<IJob>('jobs', { method: 'POST', body: JSON.stringify(body) });
   }
 
   /** `GET definitions?user=me`: my recurring notebook jobs, oldest first. */

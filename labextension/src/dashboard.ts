@@ -3,6 +3,7 @@
  * node's GPUs over time (utilization, memory, power), like jupyterlab-nvdashboard for the
  * whole cluster. The charts read `GET cluster/history` every few seconds while shown.
  */
+import type { Message } from '@lumino/messaging';
 import { BoxPanel, Widget } from '@lumino/widgets';
 import { chartModel, chartSvg } from './charts';
 import { GpuschedModel } from './controller';
@@ -31,6 +32,12 @@ export class HistoryCharts extends Widget {
     void this.refresh();
   }
 
+  /** Shown again (its tab brought forward): draw the samples taken while it was hidden. */
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this.refresh();
+  }
+
   dispose(): void {
     clearInterval(this.timer);
     super.dispose();
@@ -45,9 +52,14 @@ export class HistoryCharts extends Widget {
       this.note.textContent = `Cannot load the GPU history: ${(err as Error).message}`;
       return;
     }
+    // The newest sample drawn, in the page (and in words): a chart that stopped following
+    // the cluster shows it.
+    const latest = Math.max(0, ...history.series.flatMap(s => s.at.map(a => Date.parse(a))));
+    this.node.dataset.latest = latest ? new Date(latest).toISOString() : '';
     this.note.textContent =
       `A sample per probe of the nodes (every ${history.interval_s} s); the last ` +
-      `${history.kept_samples} per GPU are kept in the scheduler's memory.`;
+      `${history.kept_samples} per GPU are kept in the scheduler's memory.` +
+      (latest ? ` Latest sample ${clock(latest)}.` : '');
     const byNode = new Map<string, IGpuSeries[]>();
     for (const s of history.series) {
       byNode.set(s.node, [...(byNode.get(s.node) ?? []), s]);
@@ -72,6 +84,14 @@ export class HistoryCharts extends Widget {
   }
 }
 
+function clock(ms: number): string {
+  return new Date(ms).toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit',
+    second: '2-digit'
+  });
+}
+
 /** The wide dashboard: the panel (map, queue, window) left, the history charts right. */
 export class Dashboard extends BoxPanel {
   constructor(model: GpuschedModel, open: IPanelOpeners) {
@@ -86,5 +106,14 @@ export class Dashboard extends BoxPanel {
     BoxPanel.setStretch(charts, 3);
     this.addWidget(panel);
     this.addWidget(charts);
+  }
+
+  /**
+   * Closing the tab ends the dashboard (its timers stop); opening it again makes a new one.
+   * A closed but kept widget would be "open" to the opener yet shown nowhere.
+   */
+  protected onCloseRequest(msg: Message): void {
+    super.onCloseRequest(msg);
+    this.dispose();
   }
 }

@@ -5,11 +5,9 @@
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import {
-  Dialog,
   ICommandPalette,
   MainAreaWidget,
   Notification,
-  showDialog,
   showErrorMessage,
   ToolbarButton
 } from '@jupyterlab/apputils';
@@ -20,18 +18,11 @@ import { DisposableDelegate } from '@lumino/disposable';
 import { GpuschedClient } from './api';
 import { GpuschedModel } from './controller';
 import { Dashboard } from './dashboard';
-import { clockLabel } from './format';
 import { JobPage } from './jobpage';
 import { KernelWaitNotifier } from './kernelnotify';
 import { GpuschedPanel } from './panel';
 import { LogView } from './logview';
-import {
-  browserTimezone,
-  buildNotebookRequest,
-  parametersFromNotebook,
-  tonightIso
-} from './request';
-import { SubmitForm } from './submit';
+import { ISubmitContext, submitNotebook, submitScript } from './submitting';
 
 export * from './colors';
 
@@ -40,6 +31,7 @@ const COMMANDS = {
   dashboard: 'gpusched:open-dashboard',
   job: 'gpusched:open-job',
   submit: 'gpusched:submit-notebook',
+  submitScript: 'gpusched:submit-script',
   log: 'gpusched:open-log'
 };
 
@@ -102,19 +94,30 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(page.id);
     };
 
+    const submitScriptFromPanel = () => void app.commands.execute(COMMANDS.submitScript);
+    const openers = {
+      openLog,
+      openNotebook,
+      openJob,
+      openDashboard: () => openDashboard(),
+      submitScript: submitScriptFromPanel
+    };
+
     let dashboard: Dashboard | null = null;
     /** The panel as a wide main-area dashboard with the GPU history charts. */
     const openDashboard = () => {
       if (!dashboard || dashboard.isDisposed) {
-        dashboard = new Dashboard(model, { openLog, openNotebook, openJob, openDashboard });
+        dashboard = new Dashboard(model, openers);
         dashboard.title.icon = gpuIcon;
         app.shell.add(dashboard, 'main');
       }
       app.shell.activateById(dashboard.id);
     };
 
-    const panel = new GpuschedPanel(model, { openLog, openNotebook, openJob, openDashboard });
+    const panel = new GpuschedPanel(model, openers);
     panel.title.icon = gpuIcon;
+    // The sidebar shows icons only: the tooltip (and screen readers) name it.
+    panel.title.caption = 'GPU scheduler';
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'gpusched-panel');
     void model.start();
@@ -158,97 +161,53 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: args => openLog(Number(args.jobId))
     });
 
-    /** The notebook selected in the file browser (the context menu acts on it). */
-    const selectedNotebook = (): string | null => {
+    /** The file of `type` selected in the file browser (the context menu acts on it). */
+    const selected = (type: 'notebook' | 'python'): string | null => {
       const first = browser?.selectedItems().next();
       if (!first || first.done) {
         return null;
       }
-      return first.value.type === 'notebook' ? first.value.path : null;
+      const item = first.value;
+      const isType = type === 'notebook' ? item.type === 'notebook' : item.path.endsWith('.py');
+      return isType ? item.path : null;
+    };
+    const submitting: ISubmitContext = {
+      app,
+      model,
+      openLog,
+      openNotebooks,
+      showSchedules: () => app.shell.activateById(panel.id)
     };
 
     app.commands.addCommand(COMMANDS.submit, {
       label: 'Submit to GPU Queue…',
       caption: 'Run this notebook as a batch job on the GPU cluster',
       icon: gpuIcon,
-      isEnabled: args => Boolean(args.path) || selectedNotebook() !== null,
+      isEnabled: args => Boolean(args.path) || selected('notebook') !== null,
       execute: async args => {
-        const path = (args.path as string | undefined) ?? selectedNotebook();
-        if (!path) {
-          return;
-        }
-        const tonight = tonightIso(model.state.cluster?.window ?? null, Date.now());
-        const timezone = browserTimezone();
-        // An open notebook is read as the user sees it, and saved before it is submitted:
-        // the run must not silently use the file's older content.
-        const open = [...openNotebooks].find(c => c.path === path && !c.isDisposed);
-        let content: unknown = null;
-        try {
-          content = open
-            ? open.model.toJSON()
-            : (await app.serviceManager.contents.get(path, { content: true })).content;
-        } catch (err) {
-          console.warn('gpusched: could not read the parameters cell of', path, err);
-        }
-        const models = new Set(
-          (model.state.cluster?.nodes ?? []).flatMap(n => n.gpus.map(g => g.model))
-        );
-        const form = new SubmitForm({
-          path,
-          tonight: tonight ? clockLabel(tonight, Date.now()) : null,
-          timezone,
-          parameters: parametersFromNotebook(content),
-          models: [...models].sort(),
-          unsaved: Boolean(open?.model.dirty)
-        });
-        const answer = await showDialog({
-          title: 'Submit notebook to the GPU queue',
-          body: form,
-          buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })],
-          focusNodeSelector: 'input[name=gpus]'
-        });
-        if (!answer.button.accept || answer.value === null) {
-          return;
-        }
-        const choice = answer.value;
-        try {
-          if ('error' in choice) {
-            throw new Error(choice.error);
-          }
-          const body = buildNotebookRequest({ path, ...choice }, timezone);
-          if (open && !open.isDisposed && open.model.dirty) {
-            await open.save();
-          }
-          const { job, definition } = await client.submitNotebook(body);
-          if (job) {
-            model.claim(job);
-            Notification.info(`Submitted ${path} as GPU job #${job.id}`, {
-              autoClose: 5000,
-              actions: [{ label: 'Show log', callback: () => openLog(job.id) }]
-            });
-            await model.refreshJob(job.id).catch(() => undefined);
-          }
-          if (definition) {
-            Notification.info(
-              `Scheduled ${path} (${definition.schedule}, ${definition.timezone}) as schedule #${definition.id}`,
-              {
-                autoClose: 5000,
-                actions: [
-                  { label: 'Show schedules', callback: () => app.shell.activateById(panel.id) }
-                ]
-              }
-            );
-            await model.refreshDefinitions();
-          }
-        } catch (err) {
-          await showErrorMessage('Could not submit the notebook', (err as Error).message);
+        const path = (args.path as string | undefined) ?? selected('notebook');
+        if (path) {
+          await submitNotebook(submitting, path);
         }
       }
+    });
+
+    app.commands.addCommand(COMMANDS.submitScript, {
+      label: 'Submit Script to GPU Queue…',
+      caption: 'Run a Python script as a batch job on the GPU cluster',
+      icon: gpuIcon,
+      execute: async args =>
+        submitScript(submitting, (args.path as string | undefined) ?? selected('python') ?? '')
     });
 
     app.contextMenu.addItem({
       command: COMMANDS.submit,
       selector: '.jp-DirListing-item[data-file-type="notebook"]',
+      rank: 20
+    });
+    app.contextMenu.addItem({
+      command: COMMANDS.submitScript,
+      selector: '.jp-DirListing-item[data-file-type="python"]',
       rank: 20
     });
 
@@ -257,6 +216,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (palette) {
       palette.addItem({ command: COMMANDS.open, category: 'GPU Scheduler' });
       palette.addItem({ command: COMMANDS.dashboard, category: 'GPU Scheduler' });
+      palette.addItem({ command: COMMANDS.submitScript, category: 'GPU Scheduler' });
     }
   }
 };

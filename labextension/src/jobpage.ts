@@ -6,7 +6,9 @@
  * Links to files come from server-set fields only: the executed notebook's path the server
  * recorded when it fetched it, downloads from `GET jobs/{id}/output` and the log route.
  */
+import type { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
+import { cancelJob } from './actions';
 import { GpuschedClient } from './api';
 import { chartModel, chartSvg } from './charts';
 import { GpuschedModel } from './controller';
@@ -172,7 +174,21 @@ export class JobDetails extends Widget {
         'h2',
         {},
         h('span', { className: `jp-gpusched-state jp-mod-${job.state}` }, job.state),
-        ` job ${job.id} · ${jobName(job)}`
+        ` job ${job.id} · ${jobName(job)}`,
+        row.cancellable
+          ? h(
+              'button',
+              {
+                className: 'jp-mod-styled jp-mod-warn jp-gpusched-page-cancel',
+                title:
+                  job.state === 'queued'
+                    ? 'Take it out of the queue'
+                    : 'Stop it (its GPUs go back to the queue)',
+                onclick: () => void this.cancel()
+              },
+              'Cancel job'
+            )
+          : null
       ),
       h(
         'p',
@@ -241,6 +257,12 @@ export class JobDetails extends Widget {
         )
       )
     );
+  }
+
+  private async cancel(): Promise<void> {
+    if (this.job && (await cancelJob(this.model, this.job.id, jobName(this.job)))) {
+      await this.refresh();
+    }
   }
 
   private renderOutputs(job: IJob): void {
@@ -330,6 +352,12 @@ export class JobPage extends Panel {
     const log = new LogView(model.client, jobId);
     log.id = `gpusched-page-log-${jobId}`;
     this.addWidget(log);
+  }
+
+  /** Closing the tab ends the page (its timers, its log stream); opening makes a new one. */
+  protected onCloseRequest(msg: Message): void {
+    super.onCloseRequest(msg);
+    this.dispose();
   }
 }
 

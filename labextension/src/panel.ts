@@ -1,12 +1,13 @@
 /**
- * The sidebar panel: the window in force with its rules, the figures in words, the cluster
- * map (hover a GPU: its job's GPUs; click: the job's page), the queue (mine / all, live /
- * finished, clear finished) with why and when each job waits, my schedules in words, my
- * leases by notebook. Plain DOM; each section is redrawn only when what it shows changed, so
+ * The sidebar panel, in the order a newcomer asks: what is free (GPUs free, the largest job
+ * that fits now), the cluster map (hover a GPU: its job's GPUs; click: the job's page), my
+ * jobs (mine / all, live / finished, clear finished) with why and when each waits, my leases
+ * by notebook, my schedules in words; the policy window in force and its rules last. Plain DOM; each section is redrawn only when what it shows changed, so
  * hover details stay put while events stream in. `wide` lays it out for the main area.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
+import { cancelJob } from './actions';
 import { GpuschedApiError } from './api';
 import { GpuschedModel } from './controller';
 import { h } from './dom';
@@ -36,6 +37,8 @@ export interface IPanelOpeners {
   openNotebook(path: string): void;
   openJob(jobId: number): void;
   openDashboard(): void;
+  /** The "Submit script…" dialog (for the .py file selected in the file browser, if any). */
+  submitScript(): void;
 }
 
 export class GpuschedPanel extends Widget {
@@ -43,7 +46,10 @@ export class GpuschedPanel extends Widget {
   private filter: QueueFilter = 'all';
   private cleared: Set<number>;
   private keys = new Map<string, string>();
-  private sections: Record<'status' | 'map' | 'queue' | 'schedules' | 'leases', HTMLElement>;
+  private sections: Record<
+    'free' | 'map' | 'queue' | 'leases' | 'schedules' | 'policy',
+    HTMLElement
+  >;
   private ticker: ReturnType<typeof setInterval>;
   private actions: IListActions;
 
@@ -58,14 +64,16 @@ export class GpuschedPanel extends Widget {
     if (wide) {
       this.addClass('jp-mod-wide');
     }
-    this.title.caption = 'GPU cluster';
+    // The sidebar shows only the icon: its tooltip (and a screen reader) names it.
+    this.title.caption = wide ? 'GPU cluster' : 'GPU scheduler';
     this.cleared = readCleared();
     this.sections = {
-      status: h('div', { className: 'jp-gpusched-status' }),
+      free: h('div', { className: 'jp-gpusched-status' }),
       map: h('div', { className: 'jp-gpusched-map' }),
       queue: h('div', { className: 'jp-gpusched-queue' }),
+      leases: h('div', { className: 'jp-gpusched-leases' }),
       schedules: h('div', { className: 'jp-gpusched-schedules' }),
-      leases: h('div', { className: 'jp-gpusched-leases' })
+      policy: h('div', { className: 'jp-gpusched-policy' })
     };
     const title = h(
       'div',
@@ -88,7 +96,7 @@ export class GpuschedPanel extends Widget {
       openJob: id => this.open.openJob(id),
       openLog: id => this.open.openLog(id),
       openNotebook: path => this.open.openNotebook(path),
-      cancel: (id, name) => void this.cancel(id, name),
+      cancel: (id, name) => void cancelJob(model, id, name),
       release: (id, notebook) => void this.release(id, notebook),
       setPaused: (id, paused) => void this.setPaused(id, paused),
       deleteDefinition: (id, name) => void this.deleteDefinition(id, name)
@@ -109,8 +117,8 @@ export class GpuschedPanel extends Widget {
     const m = this.model;
     const now = Date.now();
     if (m.status !== 'ready') {
-      this.update1('status', `${m.status}:${m.error?.message}`, () => this.renderProblem());
-      for (const k of ['map', 'queue', 'schedules', 'leases'] as const) {
+      this.update1('free', `${m.status}:${m.error?.message}`, () => this.renderProblem());
+      for (const k of ['map', 'queue', 'leases', 'schedules', 'policy'] as const) {
         this.update1(k, 'empty', () => []);
       }
       return;
@@ -122,15 +130,9 @@ export class GpuschedPanel extends Widget {
     const rows = shown.slice(0, MAX_ROWS).map(j => queueRow(j, now, me));
     const leases = myLeases(jobs, me).map(j => queueRow(j, now, me));
     this.update1(
-      'status',
-      JSON.stringify([
-        windowLine(cluster.window, now),
-        cluster.metrics,
-        cluster.queue,
-        m.stream,
-        m.streamRefused
-      ]),
-      () => this.renderStatus(cluster, now)
+      'free',
+      JSON.stringify([cluster.metrics, cluster.queue, m.stream, m.streamRefused]),
+      () => this.renderFree(cluster)
     );
     this.update1('map', JSON.stringify(cluster.nodes), () =>
       renderMap(cluster, id => this.open.openJob(id))
@@ -141,6 +143,9 @@ export class GpuschedPanel extends Widget {
     const schedules = m.definitions?.map(d => definitionRow(d, now)) ?? null;
     this.update1('schedules', JSON.stringify(schedules), () => this.renderSchedules(schedules));
     this.update1('leases', JSON.stringify(leases), () => this.renderLeases(leases));
+    this.update1('policy', JSON.stringify([windowLine(cluster.window, now), cluster.window]), () =>
+      this.renderPolicy(cluster, now)
+    );
   }
 
   private update1(name: keyof GpuschedPanel['sections'], key: string, build: () => Node[]): void {
@@ -179,35 +184,24 @@ export class GpuschedPanel extends Widget {
     ];
   }
 
-  private renderStatus(cluster: ICluster, now: number): Node[] {
+  /** What is free now, first: GPUs free, the queue's size, the largest job that fits. */
+  private renderFree(cluster: ICluster): Node[] {
     const mt = cluster.metrics ?? {};
     const live = this.model.stream === 'open';
-    const w = cluster.window;
     return [
       h(
         'div',
-        { className: 'jp-gpusched-window', title: w?.applies ?? '' },
+        { className: 'jp-gpusched-figures' },
         h('span', {
           className: `jp-gpusched-live ${live ? 'jp-mod-live' : ''}`,
           title: live
             ? 'live: following scheduler events'
             : `events: ${this.model.stream}, reconnecting`
         }),
-        h('span', {}, windowLine(w, now)),
-        w?.applies ? h('span', { className: 'jp-gpusched-applies' }, ` (${w.applies})`) : null
+        h('b', {}, `${mt.gpus_free ?? '?'}/${mt.gpus_total ?? '?'} GPUs free`),
+        ` · ${cluster.queue?.queued ?? 0} waiting, ${cluster.queue?.running ?? 0} running`
       ),
       ...refusedLine(this.model.streamRefused),
-      h(
-        'ul',
-        { className: 'jp-gpusched-rules', title: 'the rules of the window in force' },
-        (w?.rules ?? []).map(rule => h('li', {}, rule))
-      ),
-      h(
-        'div',
-        { className: 'jp-gpusched-figures' },
-        `${mt.gpus_free ?? '?'}/${mt.gpus_total ?? '?'} GPUs free · ` +
-          `${cluster.queue?.queued ?? 0} waiting, ${cluster.queue?.running ?? 0} running`
-      ),
       h(
         'div',
         {
@@ -218,6 +212,25 @@ export class GpuschedPanel extends Widget {
             'of the job sizes seen lately.'
         },
         fragmentationText(mt)
+      )
+    ];
+  }
+
+  /** The policy window in force and its rules: below what a user acts on. */
+  private renderPolicy(cluster: ICluster, now: number): Node[] {
+    const w = cluster.window;
+    return [
+      h('div', { className: 'jp-gpusched-section-head' }, h('h3', {}, 'Policy now')),
+      h(
+        'div',
+        { className: 'jp-gpusched-window', title: w?.applies ?? '' },
+        h('span', {}, windowLine(w, now)),
+        w?.applies ? h('span', { className: 'jp-gpusched-applies' }, ` (${w.applies})`) : null
+      ),
+      h(
+        'ul',
+        { className: 'jp-gpusched-rules', title: 'the rules of the window in force' },
+        (w?.rules ?? []).map(rule => h('li', {}, rule))
       )
     ];
   }
@@ -266,11 +279,20 @@ export class GpuschedPanel extends Widget {
     const head = h(
       'div',
       { className: 'jp-gpusched-section-head' },
-      h('h3', {}, 'Queue'),
+      h('h3', {}, this.scope === 'mine' ? 'My jobs' : 'All jobs'),
       tab('mine', 'Mine'),
       tab('all', 'All'),
       filter,
-      clear
+      clear,
+      h(
+        'button',
+        {
+          className: 'jp-gpusched-submit-script',
+          title: 'Run a Python script as a batch job (or right-click a .py file)',
+          onclick: () => this.open.submitScript()
+        },
+        'Submit script…'
+      )
     );
     if (rows.length === 0) {
       return [
@@ -279,7 +301,8 @@ export class GpuschedPanel extends Widget {
           'p',
           { className: 'jp-gpusched-hint' },
           this.scope === 'mine' ? 'You have no jobs here. ' : 'No jobs here. ',
-          'Right-click a notebook in the file browser and choose “Submit to GPU queue…”, or run ',
+          'Right-click a notebook or a .py file in the file browser and choose “Submit…”, ',
+          'press “Submit script…” above, or run ',
           h('code', {}, '%gpu submit train.py --gpus 1'),
           ' in a notebook.'
         )
@@ -351,23 +374,6 @@ export class GpuschedPanel extends Widget {
       void showErrorMessage(`Could not delete schedule #${id}`, (err as Error).message);
     }
     await this.model.refreshDefinitions();
-  }
-
-  private async cancel(id: number, name: string): Promise<void> {
-    const answer = await showDialog({
-      title: `Cancel job ${id}?`,
-      body: `${name} will be removed from the queue, or stopped if it runs.`,
-      buttons: [Dialog.cancelButton({ label: 'Keep' }), Dialog.warnButton({ label: 'Cancel job' })]
-    });
-    if (!answer.button.accept) {
-      return;
-    }
-    try {
-      await this.model.client.cancel(id);
-      await this.model.refreshJob(id);
-    } catch (err) {
-      void showErrorMessage(`Could not cancel job ${id}`, (err as Error).message);
-    }
   }
 
   private async release(id: number, notebook: string | null): Promise<void> {

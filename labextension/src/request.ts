@@ -3,7 +3,7 @@
  * The server runs the notebook (parameters injected after the cell tagged `parameters`) and
  * writes the executed copy beside the input; a cron `at` stores a recurring definition.
  */
-import { INotebookSubmission, IWindow } from './types';
+import { IJobPost, INotebookSubmission, IWindow } from './types';
 
 /** When the job may start. */
 export type When = { kind: 'now' } | { kind: 'tonight' } | { kind: 'cron'; expr: string };
@@ -65,15 +65,7 @@ export function buildNotebookRequest(
   if (!input.path.endsWith('.ipynb')) {
     throw new SubmitInputError(`${input.path} is not a notebook (.ipynb)`);
   }
-  if (!Number.isInteger(input.gpus) || input.gpus < 1 || input.gpus > 64) {
-    throw new SubmitInputError('GPUs must be a whole number from 1 to 64');
-  }
-  if (input.maxRuntimeS !== undefined && input.maxRuntimeS !== null && !(input.maxRuntimeS > 0)) {
-    throw new SubmitInputError('max runtime must be more than 0, e.g. 2h or 90m, or left empty');
-  }
-  if (input.gpuMemGb !== null && !(input.gpuMemGb > 0)) {
-    throw new SubmitInputError('GPU memory must be more than 0 GB, or left empty for whole GPUs');
-  }
+  checkSize(input);
   const body: INotebookSubmission = {
     notebook: input.path.replace(/^\/+/, ''),
     parameters: input.parameters,
@@ -106,6 +98,125 @@ export function buildNotebookRequest(
     }
   }
   return body;
+}
+
+/** What the "Submit script" dialog collects. */
+export interface IScriptInput {
+  /** The script, relative to the server root, as the file browser names it. */
+  path: string;
+  /** The script's own arguments. */
+  args: string[];
+  env: Record<string, string>;
+  gpus: number;
+  gpuMemGb: number | null;
+  name?: string | null;
+  maxRuntimeS?: number | null;
+  gpuModel?: string | null;
+}
+
+/**
+ * The `POST jobs` body that runs a Python script: the server stages the file into the job's
+ * own directory on the node (nodes need not share this file system) and runs its copy there.
+ */
+export function buildScriptRequest(input: IScriptInput): IJobPost {
+  const path = input.path.trim().replace(/^\/+/, '');
+  if (!path.endsWith('.py')) {
+    throw new SubmitInputError(`${path || 'the script'} is not a Python script (.py)`);
+  }
+  checkSize(input);
+  const file = path.split('/').pop()!;
+  const body: IJobPost = {
+    kind: 'script',
+    command: ['python3', file, ...input.args],
+    files: [path],
+    name: input.name || file,
+    gpus: input.gpus
+  };
+  if (input.gpuMemGb !== null) {
+    body.gpu_mem_gb = input.gpuMemGb;
+  }
+  if (input.maxRuntimeS) {
+    body.max_runtime_s = input.maxRuntimeS;
+  }
+  if (input.gpuModel) {
+    body.gpu_models = [input.gpuModel];
+  }
+  if (Object.keys(input.env).length) {
+    body.env = input.env;
+  }
+  return body;
+}
+
+/** The checks both dialogs share: GPUs, runtime and memory the request can express. */
+function checkSize(input: Pick<IScriptInput, 'gpus' | 'gpuMemGb' | 'maxRuntimeS'>): void {
+  if (!Number.isInteger(input.gpus) || input.gpus < 1 || input.gpus > 64) {
+    throw new SubmitInputError('GPUs must be a whole number from 1 to 64');
+  }
+  if (input.maxRuntimeS !== undefined && input.maxRuntimeS !== null && !(input.maxRuntimeS > 0)) {
+    throw new SubmitInputError('max runtime must be more than 0, e.g. 2h or 90m, or left empty');
+  }
+  if (input.gpuMemGb !== null && !(input.gpuMemGb > 0)) {
+    throw new SubmitInputError('GPU memory must be more than 0 GB, or left empty for whole GPUs');
+  }
+}
+
+/**
+ * A command line's arguments as a POSIX shell splits them: by spaces, with '…' and "…"
+ * keeping spaces and \ escaping one character. No variables or globs: nothing is expanded.
+ */
+export function splitArgs(text: string): string[] {
+  const out: string[] = [];
+  let word: string | null = null;
+  let quote: string | null = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quote) {
+      if (c === quote) {
+        quote = null;
+      } else if (c === '\\' && quote === '"' && i + 1 < text.length) {
+        word += text[++i];
+      } else {
+        word += c;
+      }
+    } else if (c === "'" || c === '"') {
+      quote = c;
+      word = word ?? '';
+    } else if (c === '\\' && i + 1 < text.length) {
+      word = (word ?? '') + text[++i];
+    } else if (/\s/.test(c)) {
+      if (word !== null) {
+        out.push(word);
+      }
+      word = null;
+    } else {
+      word = (word ?? '') + c;
+    }
+  }
+  if (quote) {
+    throw new SubmitInputError(`arguments: close the ${quote} you opened`);
+  }
+  if (word !== null) {
+    out.push(word);
+  }
+  return out;
+}
+
+/** `NAME=VALUE` lines into the job's environment (values are kept as written). */
+export function parseEnv(text: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  text.split(/\r?\n/).forEach((raw, i) => {
+    const line = raw.trim();
+    if (!line || line.startsWith('#')) {
+      return;
+    }
+    const eq = line.indexOf('=');
+    const name = eq < 0 ? '' : line.slice(0, eq).trim();
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+      throw new SubmitInputError(`environment line ${i + 1}: write NAME=VALUE, e.g. STEPS=20`);
+    }
+    out[name] = line.slice(eq + 1);
+  });
+  return out;
 }
 
 /**

@@ -45,6 +45,8 @@ export type ICluster = Schemas['Cluster'];
 export type IEvent = Schemas['Event'];
 /** JSON error body of the API. */
 export type IApiError = Schemas['Error'];
+/** Body of `POST jobs` (one job). */
+export type IJobPost = Schemas['JobPost'];
 /** Body of `POST notebooks`. */
 export type INotebookSubmission = Schemas['NotebookSubmission'];
 /** A recurring notebook job. */

@@ -1,9 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import {
   buildNotebookRequest,
+  buildScriptRequest,
   ISubmitInput,
   parametersFromNotebook,
+  parseEnv,
   parseParameters,
+  splitArgs,
   SubmitInputError,
   tonightIso
 } from '../src/request';
@@ -145,5 +148,63 @@ describe('helpers', () => {
     });
     expect(parametersFromNotebook({ cells: [cell('lr = 1')] })).toBe('');
     expect(parametersFromNotebook(null)).toBe('');
+  });
+});
+
+describe('buildScriptRequest', () => {
+  const script = {
+    path: 'exp/train.py',
+    args: ['--lr', '0.1'],
+    env: { STEPS: '20' },
+    gpus: 2,
+    gpuMemGb: null
+  };
+
+  it('stages the script and runs its copy with its arguments and environment', () => {
+    expect(buildScriptRequest(script)).toEqual({
+      kind: 'script',
+      command: ['python3', 'train.py', '--lr', '0.1'],
+      files: ['exp/train.py'],
+      name: 'train.py',
+      gpus: 2,
+      env: { STEPS: '20' }
+    });
+  });
+
+  it('refuses what is not a Python script, and sizes the request cannot express', () => {
+    expect(() => buildScriptRequest({ ...script, path: 'notes.txt' })).toThrow(
+      'notes.txt is not a Python script (.py)'
+    );
+    expect(() => buildScriptRequest({ ...script, gpus: 0 })).toThrow(
+      'GPUs must be a whole number from 1 to 64'
+    );
+  });
+});
+
+describe('splitArgs', () => {
+  it('splits as a shell does, quotes keeping spaces, nothing expanded', () => {
+    expect(splitArgs(`--tag 'two words' --msg "say \\"hi\\"" $HOME a\\ b ''`)).toEqual([
+      '--tag',
+      'two words',
+      '--msg',
+      'say "hi"',
+      '$HOME',
+      'a b',
+      ''
+    ]);
+  });
+
+  it('says which quote is left open', () => {
+    expect(() => splitArgs(`--tag 'open`)).toThrow("arguments: close the ' you opened");
+  });
+});
+
+describe('parseEnv', () => {
+  it('reads NAME=VALUE lines, values as written', () => {
+    expect(parseEnv('STEPS=20\n# a comment\nMSG=a=b c\n')).toEqual({ STEPS: '20', MSG: 'a=b c' });
+  });
+
+  it('says which line is not NAME=VALUE', () => {
+    expect(() => parseEnv('STEPS=20\n2X=1')).toThrow('environment line 2: write NAME=VALUE');
   });
 });

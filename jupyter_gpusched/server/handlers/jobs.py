@@ -12,6 +12,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from jupyter_gpusched.batch.requests import script_start
 from jupyter_gpusched.core.api import (
     MAX_ARRAY,
     MAX_ID,
@@ -102,6 +103,7 @@ class JobsHandler(ApiHandler):
         self._check_limits(sched, body)
         self._uploads: list[PendingUploads] = []
         self._bounds = sched.policy.spec_bounds(sched.clock.now())  # one for all the jobs
+        self._sched = sched
         with sched.cap_in_context():
             await self._submit_checked(sched, claim, body)
 
@@ -184,6 +186,8 @@ class JobsHandler(ApiHandler):
             raise InvalidSpecError("user", "is set by the server from your login; leave it out")
         if isinstance(body, dict) and (pending := self.take_uploads(body)) is not None:
             self._uploads.append(pending)
+        if isinstance(body, dict) and ("at" in body or "timezone" in body):
+            _start_at(body, self._sched)
         return parse_spec(body, bounds=self._bounds, user=self.username)
 
     def _write_uploads(self) -> None:
@@ -205,6 +209,18 @@ class JobsHandler(ApiHandler):
         self.set_status(201)
         self.set_header("Content-Type", "application/json")
         self.finish(body)
+
+
+def _start_at(body: dict[str, Any], sched: Any) -> None:
+    """``at`` (and ``timezone``) of a request, read into its ``not_before``."""
+    at, tz_name = body.pop("at", None), body.pop("timezone", None)
+    if at is None:
+        raise InvalidSpecError("timezone", "is the timezone of at; give at too")
+    if body.get("not_before") is not None:
+        raise InvalidSpecError("at", "give at or not_before, not both")
+    start = script_start(at, tz_name, sched.policy, sched.clock.now())
+    if start is not None:
+        body["not_before"] = start.isoformat()
 
 
 def _check_array(count: Any) -> None:
