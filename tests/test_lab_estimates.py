@@ -6,15 +6,30 @@
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import _fixtures_lab
 import pytest
-from _fixtures_lab import LabServer, screenshot
+from _fixtures_lab import LabServer, screenshot, start_lab, stop_lab
 
 chromium = _fixtures_lab.chromium
-lab_server = _fixtures_lab.lab_server
 lab_page = _fixtures_lab.lab_page
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """The lab with one window all week, no batch time limit: runtimes stay undeclared."""
+    if not _fixtures_lab.CHROMIUM.exists():
+        pytest.skip(f"Debian's chromium is missing at {_fixtures_lab.CHROMIUM}")
+    base = tmp_path_factory.mktemp("lab-estimates")
+    server = start_lab(base, server_config={"GpuSchedPolicy": {"windows": [{"name": "all"}]}})
+    yield server
+    stop_lab(server)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 RUN_TIMEOUT_MS = 90_000
