@@ -93,9 +93,10 @@ def test_schedule_a_notebook(live_server: Any) -> None:
         4,
         None,
     ]
-    assert code[6].startswith("failed exit code 1") and code[6].rstrip().endswith(
-        "ZeroDivisionError"
-    )
+    # a failed job's reason is its last error line (issue #32), with the exit code
+    assert code[6].startswith("failed ZeroDivisionError: division by zero (exit code 1)") and code[
+        6
+    ].rstrip().endswith("ZeroDivisionError")
     assert "(Europe/Berlin; cron '0 2 * * *', catch-up once;" in code[8]
     assert code[9].splitlines() == ["None", "True", "[]"]
 

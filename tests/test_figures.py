@@ -39,6 +39,7 @@ FORMATTERS: dict[str, Callable[..., str]] = {
     "memory_label": figures.memory_label,
     "clock_label": lambda at: figures.clock_label(_at(at), NOW, UTC),  # type: ignore[arg-type]
     "eta_label": lambda at: figures.eta_label(_at(at), NOW, UTC),
+    "start_label": lambda est, at: figures.start_label(est, _at(at), NOW, UTC),
     "fragmentation_text": figures.fragmentation_text,
     "window_line": lambda w: figures.window_line(w, NOW, UTC),
     "schedule_line": lambda words, at: figures.schedule_line(words, _at(at), NOW, UTC),

@@ -399,8 +399,12 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
             arg=waiting,
             timeout=RUN_TIMEOUT_MS,
         )
-        # Expected when the first holder's declared 20 minutes are up, as a local clock time.
-        assert re.fullmatch(r"starts in (19m|20m)(\d+s)? \(\d\d:\d\d\)", eta.inner_text())
+        # Expected when the first holder's declared 20 minutes are up, as a local clock time:
+        # declared limits, so that is the latest it starts.
+        assert re.fullmatch(
+            r"starts in (19m|20m)(\d+s)? \(\d\d:\d\d\) at the latest", eta.inner_text()
+        )
+        assert eta.get_attribute("title") == "from declared runtime limits; the latest is firm"
         assert row.locator(".jp-gpusched-position").inner_text() == "1st in line"
         reason = row.locator(".jp-gpusched-reason").inner_text()
         assert "GPU" in reason and "window" not in reason, reason

@@ -250,7 +250,11 @@ def test_a_cell_asking_for_other_gpus_than_its_lease_is_told_and_not_run(
     ("key", "line"),
     [
         ("zero", "--gpus 0: a %%gpu cell needs at least 1 GPU (run CPU-only code without %%gpu)"),
-        ("too_many", "--gpus: must be at most 64, not 99"),
+        (
+            "too_many",
+            "--gpus: must be at most 64 (the per-job cap on GPUs), not 99; the largest node "
+            "here has 4 GPUs (g0): ask for 4 or fewer",
+        ),
     ],
 )
 def test_bad_values_get_one_plain_line(cells: dict[str, Any], key: str, line: str) -> None:

@@ -8,16 +8,18 @@ them the same way); times are local to the terminal unless a timezone is given.
 from __future__ import annotations
 
 from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from jupyter_gpusched.core.api import Cluster, Definition, Gpu, JobView
 from jupyter_gpusched.core.figures import (
     clock_label,
-    eta_label,
     fragmentation_text,
     gpus_label,
     position_label,
     runtime_label,
     schedule_line,
+    start_label,
+    start_nudge,
     window_line,
 )
 from jupyter_gpusched.core.models import JobState, Placement, array_of
@@ -83,9 +85,11 @@ def waiting_line(job: JobView, now: datetime, tz: tzinfo) -> str:
     parts = [f"job {job.id}"]
     if job.position:
         parts.append(position_label(job.position))
-    parts.append(f"starts {eta_label(job.estimated_start, now, tz)}")
+    estimate = job.estimate.model_dump() if job.estimate is not None else None
+    parts.append(f"starts {start_label(estimate, job.estimated_start, now, tz)}")
     reason = (job.reason or "no reason yet").removeprefix("waiting: ")
-    return f"{', '.join(parts)}: {reason}"
+    nudge = start_nudge(estimate)
+    return f"{', '.join(parts)}: {reason}" + (f"\n    estimate: {nudge}" if nudge else "")
 
 
 def format_cluster(
@@ -118,8 +122,16 @@ def format_cluster(
 def format_definition(
     d: Definition, *, now: datetime | None = None, tz: tzinfo | None = None
 ) -> str:
-    """One line per recurring notebook job: its schedule in words and its next run."""
-    now, tz = now or datetime.now(UTC), tz or local_tz()
+    """One line per recurring notebook job: its schedule in words and its next run.
+
+    The next run reads in the definition's own timezone, the one its words ("weekdays at
+    22:00") and the label after them mean; ``tz`` is ignored unless that zone is unknown here.
+    """
+    now = now or datetime.now(UTC)
+    try:
+        tz = ZoneInfo(d.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        tz = tz or local_tz()
     when = "paused" if d.paused else schedule_line(d.schedule_words, d.next_fire_at, now, tz)
     return (
         f"definition {d.id} [{d.user}] {d.spec.notebook}: {when} "

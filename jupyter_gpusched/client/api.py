@@ -140,15 +140,24 @@ def find_server(
         return ServerInfo(_slash(url), token or "")
     if env_url := os.environ.get(URL_ENV):
         return ServerInfo(_slash(env_url), token or os.environ.get(TOKEN_ENV, ""))
-    tried = []
+    tried, behind = [], []
     for info in running_servers(runtime_dir):
         candidate = ServerInfo(_slash(info["url"]), token or info.get("token", ""))
         try:
             GpuSchedClient(candidate.url, candidate.token, timeout_s=timeout_s).list_jobs(limit=1)
         except GpuSchedError as exc:
             tried.append(f"{candidate.url} ({exc.message})")
+            if isinstance(exc, ApiError) and exc.status in (502, 503, 504):
+                behind.append(f"the Jupyter server at {candidate.url} runs, but {exc.message}")
             continue
         return candidate
+    if behind:  # the server is there: starting another would not help; what is down is not it
+        what = (
+            "the lab's service ('jupyter gpusched service', or ask whoever runs it)"
+            if any("service" in b for b in behind)
+            else "what it names"
+        )
+        raise ServerNotFoundError(f"{'; '.join(behind)}; start {what}, then try again")
     detail = f"; tried {', '.join(tried)}" if tried else ""
     raise ServerNotFoundError(
         "no running Jupyter server with jupyter-gpusched found"

@@ -11,7 +11,13 @@ from typing import Any
 
 from jupyter_gpusched.core.api import JobView, Window
 from jupyter_gpusched.core.errors import GpuSchedError
-from jupyter_gpusched.core.figures import eta_label, gpus_label, position_label, window_line
+from jupyter_gpusched.core.figures import (
+    gpus_label,
+    position_label,
+    start_label,
+    start_nudge,
+    window_line,
+)
 from jupyter_gpusched.core.models import JobState
 
 from .options import OPTION_OF
@@ -58,9 +64,12 @@ def standing(job: JobView) -> str:
     parts = [job.state.value]
     if job.state is JobState.QUEUED and job.position:
         parts.append(position_label(job.position))
-    if job.state is JobState.QUEUED and job.estimated_start is not None:
+    estimate = job.estimate.model_dump() if job.estimate is not None else None
+    if job.state is JobState.QUEUED and (job.estimated_start or estimate):
         now = datetime.now(UTC)
-        parts.append(f"starts {eta_label(job.estimated_start, now, _local_tz())}")
+        parts.append(f"starts {start_label(estimate, job.estimated_start, now, _local_tz())}")
+        if nudge := start_nudge(estimate):
+            parts.append(nudge)
     return ", ".join(parts)
 
 
@@ -77,7 +86,10 @@ def waiting_line(
     if job.state is JobState.QUEUED:
         if job.position:
             parts.append(position_label(job.position))
-        parts.append(f"starts {eta_label(job.estimated_start, now, tz)}")
+        estimate = job.estimate.model_dump() if job.estimate is not None else None
+        parts.append(f"starts {start_label(estimate, job.estimated_start, now, tz)}")
+        if nudge := start_nudge(estimate):
+            parts.append(nudge)
     else:
         parts.append(job.state.value)
     if job.reason:

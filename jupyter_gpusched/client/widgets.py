@@ -31,12 +31,13 @@ from traitlets import Bool, Dict, Int, List, Unicode, observe
 from jupyter_gpusched.client.api import ApiError
 from jupyter_gpusched.core.api import Cluster, EventMessage, Gpu, JobView, Node
 from jupyter_gpusched.core.figures import (
-    eta_label,
     fragmentation_text,
     gpus_label,
     memory_label,
     percent,
     position_label,
+    start_label,
+    start_nudge,
     window_line,
 )
 from jupyter_gpusched.core.models import JobState
@@ -363,9 +364,12 @@ def _why(job: dict[str, Any], now: datetime, tz: tzinfo) -> str:
         return ""
     at = job.get("estimated_start")
     parts = [position_label(job["position"])] if job.get("position") else []
-    parts.append(f"starts {eta_label(datetime.fromisoformat(at) if at else None, now, tz)}")
+    fallback = datetime.fromisoformat(at) if at else None
+    parts.append(f"starts {start_label(job.get('estimate'), fallback, now, tz)}")
     reason = (job.get("reason") or "").removeprefix("waiting: ")
-    return f"{', '.join(parts)}: {reason}" if reason else ", ".join(parts)
+    nudge = start_nudge(job.get("estimate"))
+    text = f"{', '.join(parts)}: {reason}" if reason else ", ".join(parts)
+    return f"{text} ({nudge})" if nudge else text
 
 
 def _local_tz() -> tzinfo:

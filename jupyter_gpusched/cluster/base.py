@@ -125,7 +125,7 @@ class Backend(Protocol):
         ...
 
     async def read_log(self, job: Job, *, offset: int = 0, limit: int = 65536) -> bytes:
-        """Bytes of the job's combined stdout+stderr log from ``offset``."""
+        """Bytes of the job's combined stdout+stderr log from ``offset`` (< 0: from the end)."""
         ...
 
     def follow_log(self, job: Job, *, offset: int = 0) -> AsyncIterator[bytes]:

@@ -309,9 +309,11 @@ class MemoryBackend:
         launch.end(-signal.SIGTERM, self.clock.now())
 
     async def read_log(self, job: Job, *, offset: int = 0, limit: int = 65536) -> bytes:
-        """Up to ``limit`` bytes of the job's log from ``offset``."""
+        """Up to ``limit`` bytes of the job's log from ``offset`` (< 0: from the end)."""
         launch = self._launch_of(job)
         self._reachable(launch.node)
+        if offset < 0:
+            offset = max(0, len(launch.log) + offset)
         return bytes(launch.log[offset : offset + limit])
 
     async def follow_log(self, job: Job, *, offset: int = 0) -> AsyncIterator[bytes]:

@@ -12,8 +12,9 @@ notebook requests take the same :class:`~.models.JobRequirements` fields.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -42,6 +43,9 @@ from .models import (
 )
 from .privacy import Viewer, public_spec
 
+if TYPE_CHECKING:
+    from .estimates import StartEstimate
+
 #: Most items one list request answers.
 MAX_LIMIT = 1000
 #: Most bytes one log request answers.
@@ -58,6 +62,8 @@ MAX_RETRY_BACKOFF_S = 86400.0
 #: GPU states every client shows, in the order of the legend.
 GpuState = Literal["free", "interactive", "batch", "foreign", "down"]
 CatchUp = Literal["skip", "once"]
+#: What an expected start rests on, firmest first (:mod:`.estimates`).
+Basis = Literal["free", "limits", "history", "guess", "unknown"]
 
 
 class Body(BaseModel):
@@ -87,6 +93,42 @@ class JobOutputs(Body):
     log: str | None = Field(None, description="its log, root-relative")
 
 
+class StartEstimateView(Body):
+    """A waiting job's expected start: a range, and what it rests on, in words."""
+
+    model_config = ConfigDict(title="StartEstimate")
+
+    at: datetime | None = Field(None, description="central expected start; null: unknown")
+    earliest: datetime | None = Field(
+        None, description="if the jobs it waits for end as early as they plausibly can"
+    )
+    latest: datetime | None = Field(
+        None, description="if they run as long as they may; null: nothing bounds it"
+    )
+    basis: Basis = Field(
+        description="what it rests on: free (nothing has to end first), limits (declared "
+        "runtime limits), history (the owners' past runtimes), guess (a default for jobs with "
+        "neither), unknown"
+    )
+    note: str = Field("", description="the basis in words; where a guess decides it, the nudge")
+
+    @classmethod
+    def of(cls, estimate: StartEstimate | None) -> StartEstimateView | None:
+        """The API's view of the scheduler's estimate (None stays None)."""
+        if estimate is None:
+            return None
+        return cls.model_construct(**asdict(estimate))
+
+    @classmethod
+    def at_not_before(cls, at: datetime | None) -> StartEstimateView | None:
+        """A job waiting for a far not-before time, which passes do not weigh: at best then."""
+        if at is None:
+            return None
+        return cls.model_construct(
+            at=at, earliest=at, latest=None, basis="free", note="not before then"
+        )
+
+
 class JobView(JobRecord):
     """A job as the API shows it: its record plus owner, queue position and effective class.
 
@@ -114,6 +156,9 @@ class JobView(JobRecord):
         "declared or estimated ends and the jobs ahead of it (the backfill's estimate); null "
         "when it cannot be told (held, a quota, more than every running job ending frees)",
     )
+    estimate: StartEstimateView | None = Field(
+        None, description="while queued: the expected start's range and what it rests on"
+    )
 
     @classmethod
     def of(
@@ -122,6 +167,7 @@ class JobView(JobRecord):
         position: int | None = None,
         viewer: Viewer | None = None,
         estimated_start: datetime | None = None,
+        estimate: StartEstimateView | None = None,
     ) -> JobView:
         """The view of a stored job for ``viewer`` (None: everything, for the server itself).
 
@@ -140,6 +186,7 @@ class JobView(JobRecord):
             outputs=JobOutputs.model_construct(**outputs) if outputs else None,
             redacted=not full,
             estimated_start=estimated_start,
+            estimate=estimate,
         )
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

@@ -199,6 +199,22 @@ def expected_starts(
     backfill profile). ``not_before`` holds a lower bound per job id (a window that opens, a
     not-before time). ``estimate`` is the backfill's runtime estimate.
     """
+    placed = expected_placements(
+        queue, running, free_gpus, now, estimate=estimate, not_before=not_before
+    )
+    return {job_id: start for job_id, (start, _) in placed.items()}
+
+
+def expected_placements(
+    queue: Sequence[Job],
+    running: Iterable[Job | Release],
+    free_gpus: Mapping[str, float],
+    now: datetime,
+    *,
+    estimate: Callable[[Job], float],
+    not_before: Mapping[int, datetime] | None = None,
+) -> dict[int, tuple[datetime | None, str | None]]:
+    """:func:`expected_starts` with the node each start is expected on (what it waits for)."""
     now = _aware(now)
     running = list(running)
     rels = [r for r in running if isinstance(r, Release)]
@@ -207,10 +223,10 @@ def expected_starts(
     steps: dict[str, list[tuple[datetime, float]]] = {n: [] for n in free_gpus}
     for rel in rels:
         _add_step(steps.setdefault(rel.node, []), rel.at, rel.gpus)
-    out: dict[int, datetime | None] = {}
+    out: dict[int, tuple[datetime | None, str | None]] = {}
     for i, job in enumerate(queue):
         if i >= MAX_EXPECTED:
-            out[job.id] = None
+            out[job.id] = (None, None)
             continue
         need, runtime_s = job_gpus(job), estimate(job)
         floor = max(now, (not_before or {}).get(job.id, now))
@@ -219,7 +235,7 @@ def expected_starts(
             start, node = res.start, res.node
         else:
             start, node = _profile_fit(need, runtime_s, steps, free_gpus, floor)
-        out[job.id] = start
+        out[job.id] = (start, node)
         if start is not None and node in steps and need > 0:
             _add_step(steps[node], start, -need)
             _add_step(steps[node], start + timedelta(seconds=runtime_s), need)

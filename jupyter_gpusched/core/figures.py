@@ -77,6 +77,43 @@ def eta_label(at: datetime | None, now: datetime, tz: tzinfo) -> str:
     return f"in {format_duration_s(minutes, parts=2)} ({clock_label(at, now, tz)})"
 
 
+def start_label(
+    estimate: Mapping[str, Any] | None, fallback: datetime | None, now: datetime, tz: tzinfo
+) -> str:
+    """An expected start and how firm it is (the API's ``estimate``; else ``fallback``).
+
+    ``in 40m (09:40) at the latest`` (declared limits), ``in about 15m (09:15; 09:05-09:15 by
+    past runtimes)``, ``in 3h59m (12:59) by a guess``, ``any moment``, ``unknown``.
+    """
+    if not estimate:
+        return eta_label(fallback, now, tz)
+    at, basis = _when(estimate.get("at")), estimate.get("basis")
+    if at is None or basis == "unknown":
+        return "unknown"
+    eta = eta_label(at, now, tz)
+    if basis not in ("limits", "history", "guess") or eta == "any moment":
+        return eta
+    if basis == "limits":
+        return f"{eta} at the latest"
+    if basis == "guess":
+        return f"{eta} by a guess"
+    lo, hi = _when(estimate.get("earliest")), _when(estimate.get("latest"))
+    span = clock_label(lo, now, tz) if lo is not None else ""
+    span += f"–{clock_label(hi, now, tz)}" if hi is not None else " or later"
+    return f"in about {eta.removeprefix('in ').removesuffix(')')}; {span} by past runtimes)"
+
+
+def start_nudge(estimate: Mapping[str, Any] | None) -> str:
+    """The note where a guess or nothing decides the start (what to do about it), else ``""``."""
+    if not estimate or estimate.get("basis") not in ("guess", "unknown"):
+        return ""
+    return str(estimate.get("note") or "")
+
+
+def _when(value: datetime | str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
 def runtime_label(seconds: float) -> str:
     """A runtime to the second below an hour, to the minute above: ``12m3s``, ``3h5m``."""
     whole = int(max(0.0, seconds))

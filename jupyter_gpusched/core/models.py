@@ -341,6 +341,16 @@ def stored_spec(data: Any) -> JobSpec:
     return JobSpec.model_validate(data, context=STORED)
 
 
+#: What each capped field counts, for "must be at most 64 (the per-job cap on GPUs)".
+_CAPPED = {
+    "gpus": "GPUs",
+    "gpu_mem_gb": "GPU memory in GB, on each GPU",
+    "cpus": "CPU cores",
+    "mem_gb": "host memory in GB",
+    "retries": "retries",
+}
+
+
 def invalid_field(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidSpecError:
     """The first error of a pydantic validation as our 422: the field and what to fix.
 
@@ -361,7 +371,14 @@ def invalid_field(exc: ValidationError, model: type[BaseModel] | None = None) ->
     }
     if err["type"] in bounds:  # "must be at most 64, not 99", not pydantic's wording
         words, key = bounds[err["type"]]
-        return InvalidSpecError(loc, f"must be {words} {err['ctx'][key]}, not {err['input']!r}")
+        limit = err["ctx"][key]
+        limit = f"{limit:g}" if isinstance(limit, float) else limit
+        which = (
+            f" (the per-job cap on {_CAPPED[loc]})"
+            if key in ("le", "lt") and loc in _CAPPED
+            else ""
+        )
+        return InvalidSpecError(loc, f"must be {words} {limit}{which}, not {err['input']!r}")
     if err["type"] == "extra_forbidden":
         msg = "unknown field; check the spelling against the API documentation"
         names = sorted(model.model_fields) if model is not None and len(err["loc"]) == 1 else []

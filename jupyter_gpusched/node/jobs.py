@@ -323,13 +323,18 @@ def kill(pgid: int, grace_s: float, job_dir: str | None = None) -> dict[str, Any
 
 
 def _copy_from(path: str, offset: int, limit: int | None, out: Any) -> int:
-    """Write bytes of ``path`` from ``offset`` (at most ``limit``); return the new offset."""
+    """Write bytes of ``path`` from ``offset`` (at most ``limit``); return the new offset.
+
+    A negative ``offset`` counts from the end (the last bytes: a failed job's last error).
+    """
     try:
         with open(path, "rb") as f:
+            if offset < 0:
+                offset = max(0, f.seek(0, os.SEEK_END) + offset)
             f.seek(offset)
             data = f.read() if limit is None else f.read(limit)
     except FileNotFoundError:
-        return offset
+        return max(0, offset)
     if data:
         out.write(data)
         out.flush()

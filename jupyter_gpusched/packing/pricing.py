@@ -6,7 +6,7 @@ on (``slot_loss``); ``slot_value`` prices every free amount once per mix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -101,14 +101,26 @@ def _lp_max(a: np.ndarray, c: np.ndarray) -> np.ndarray:
     lp.a_matrix_.start_ = np.concatenate(([0], np.cumsum(nz.sum(1)))).astype(np.int32)
     lp.a_matrix_.index_ = np.nonzero(nz)[1].astype(np.int32)
     lp.a_matrix_.value_ = at[nz]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs(highspy)
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # pragma: no cover - x = 0
         # is feasible and every size fits some row, so the LP is bounded
         raise RuntimeError(f"pricing GPU sizes failed: {h.modelStatusToString(h.getModelStatus())}")
     return np.maximum(np.asarray(h.getSolution().col_value, dtype=np.float64), 0.0)
+
+
+def _quiet_highs(highspy: Any) -> Any:
+    """A HiGHS solver that prints nothing, its banner included.
+
+    ``highspy.Highs()`` prints "Running HiGHS ..." on stdout while it is built (its callbacks
+    start logging), before any option can be set: ``simulate --json`` was then no JSON and
+    every service start logged it. The core class it wraps starts quiet; we use no callbacks.
+    """
+    core = getattr(getattr(highspy, "_core", None), "_Highs", None)
+    h = core() if core is not None else highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def slot_loss(st: Stats, free: np.ndarray, take: np.ndarray) -> np.ndarray:

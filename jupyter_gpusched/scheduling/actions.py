@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
@@ -23,8 +23,10 @@ from jupyter_gpusched.core.errors import (
     ForbiddenError,
     GpuSchedError,
     InfeasibleError,
+    InvalidSpecError,
     TooManyError,
 )
+from jupyter_gpusched.core.estimates import StartEstimate
 from jupyter_gpusched.core.limits import RETRY_AFTER_S, UserLimits, refusal
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -49,6 +51,7 @@ from .increments import QueuePositions
 from .placing import SOON
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
+from .waiting import largest
 
 #: Tasks of an array written in one transaction; a bigger array takes several.
 BULK_CHUNK = 500
@@ -72,7 +75,7 @@ class JobActions:
     _inventory: list[NodeInventory]
     _base_key: tuple[Any, ...]
     _positions: QueuePositions
-    _estimates: dict[int, datetime | None]
+    _estimates: dict[int, StartEstimate | None]
     _feasible: dict[tuple[Any, ...], str | None]
     _group: GroupCommit
     # Who the callers are, as their last request said: user -> (groups, admin). The running
@@ -283,6 +286,20 @@ class JobActions:
         if (reason := self._feasible[key]) is not None:
             raise InfeasibleError(f"this job can never fit: {reason}")
 
+    @contextlib.contextmanager
+    def cap_in_context(self) -> Iterator[None]:
+        """A per-job cap refused while this runs says what the largest node offers instead."""
+        try:
+            yield
+        except InvalidSpecError as exc:
+            field = exc.field.rpartition(".")[2]
+            more = (
+                largest(self._inventory, field) if "(the per-job cap on " in exc.message else None
+            )
+            if more is None:
+                raise
+            raise InvalidSpecError(exc.field, f"{exc.message.partition(': ')[2]}; {more}") from None
+
     def get_job(self, job_id: int) -> Job:
         """One job (NotFoundError if absent)."""
         return self.store.get_job(job_id)
@@ -299,10 +316,13 @@ class JobActions:
         if job.state is not JobState.QUEUED:
             return api.JobView.of(job, viewer=viewer)
         if job.id in self._estimates:
-            expected = self._estimates[job.id]
+            estimate = self._estimates[job.id]
+            expected = estimate.at if estimate is not None else None
+            view = api.StartEstimateView.of(estimate)
         else:  # a job waiting for a far not_before, which passes do not weigh: then at best
             expected = None if job.held else job.spec.not_before
-        return api.JobView.of(job, self._positions.get(job.id), viewer, expected)
+            view = api.StartEstimateView.at_not_before(expected)
+        return api.JobView.of(job, self._positions.get(job.id), viewer, expected, view)
 
     def _check_owner(self, job: Job, user: str, admin: bool) -> None:
         if user != job.user and not admin and user not in self.admins:

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend, NodeInventory
-from jupyter_gpusched.core import backfill, policy, windows
+from jupyter_gpusched.core import backfill, estimates, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -69,7 +69,7 @@ class Placing:
     claim_ttl_s: float
     _inventory: list[NodeInventory]
     _positions: QueuePositions
-    _estimates: dict[int, datetime | None]
+    _estimates: dict[int, estimates.StartEstimate | None]
     _history: dict[str, list[Job]]
     _no_move: tuple[Any, ...] | None
     _reasons: dict[int, str | None]  # waiting reasons found by the pass under way
@@ -348,11 +348,11 @@ class Placing:
         culprits: list[tuple[Job, Exception]] = []
         ran = current
 
-        def estimates(jobs: Sequence[Job]) -> dict[int, datetime | None]:
-            return waiting.expected_starts(jobs, floors, ran, state, now, self._estimate)
+        def starts(jobs: Sequence[Job]) -> dict[int, estimates.StartEstimate | None]:
+            return waiting.expected_starts(jobs, floors, ran, state, now, self._runtime)
 
         self._estimates = await off_the_loop(
-            faults.sift, waits, estimates, lambda job, exc: culprits.append((job, exc))
+            faults.sift, waits, starts, lambda job, exc: culprits.append((job, exc))
         )
         for job, exc in culprits:
             self._fault(job, exc)
@@ -390,13 +390,16 @@ class Placing:
         )
 
     def _estimate(self, job: Job) -> float:
+        return self._runtime(job).s
+
+    def _runtime(self, job: Job) -> estimates.Runtime:
         history = self._history.get(job.user)
         if history is None:
             history, _ = self.store.list_jobs(
                 states=[JobState.SUCCEEDED, JobState.FAILED], user=job.user, limit=50, order="-id"
             )
             self._history[job.user] = history
-        return backfill.estimate_runtime_s(job, history)
+        return estimates.runtime(job, history)
 
     def _reserved_start(
         self, head: Job, now: datetime, state: packer.ClusterState, running: Sequence[Job] | None

@@ -21,6 +21,7 @@ from jupyter_gpusched.cluster.base import Backend, NodeInventory
 from jupyter_gpusched.core import api, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import UnavailableError
+from jupyter_gpusched.core.estimates import StartEstimate
 from jupyter_gpusched.core.limits import UserLimits
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
@@ -130,7 +131,7 @@ class Scheduler(JobActions, Placing, Inventorying):
         self._base_for: list[NodeInventory] | None = None  # the inventory it was checked for
         self._usage_tally = UsageTally()
         self._positions = QueuePositions()
-        self._estimates: dict[int, datetime | None] = {}  # expected starts, set by each pass
+        self._estimates: dict[int, StartEstimate | None] = {}  # expected starts, by each pass
         self._reasons: dict[int, str | None] = {}
         self._queue_was = 0
         self._shapes = Shapes()

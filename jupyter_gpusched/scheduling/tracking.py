@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +22,15 @@ from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import BackendError, ConflictError, GpuSchedError
 from jupyter_gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, Placement
 from jupyter_gpusched.store.store import Store
+
+#: Bytes of a failed job's log read for its last error line: more than Python's stdout buffer
+#: (8 KiB), which is flushed at exit after the traceback went to the unbuffered stderr.
+_TAIL_BYTES = 32768
+#: Longest reason taken from a log line.
+_REASON_CHARS = 200
+#: ``FileNotFoundError: ...``, ``torch.cuda.OutOfMemoryError: ...``, ``KeyboardInterrupt``.
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class JobTracker:
@@ -67,9 +78,20 @@ class JobTracker:
         if not launched(job):
             return JobStatus(running=False, lost=True, detail="its launch has not returned")
         try:
-            return await self.backend.poll(job)
+            status = await self.backend.poll(job)
         except GpuSchedError as exc:
             return JobStatus(running=False, lost=True, detail=exc.message)
+        if status.running or status.lost or not status.exit_code or job.handle.get("stopping"):
+            return status
+        return replace(status, detail=await self._last_error(job) or status.detail)
+
+    async def _last_error(self, job: Job) -> str | None:
+        """The last error line of a failed job's log: its reason, not a bare "exit code 1"."""
+        try:
+            tail = await self.backend.read_log(job, offset=-_TAIL_BYTES, limit=_TAIL_BYTES)
+        except Exception:  # an older node agent, a log gone: the exit code says enough
+            return None
+        return last_error_line(tail.decode("utf-8", "replace"))
 
     def apply_status(self, job: Job, status: JobStatus) -> None:
         """Record one poll: started, ended, or lost (when its node is down, or says it is gone)."""
@@ -124,12 +146,16 @@ class JobTracker:
                 JobState.CANCELLED,
                 finished_at=ended,
                 exit_code=code,
-                reason=job.handle.get("stop_reason"),
+                reason=job.handle.get("stop_reason") or "cancelled",
             )
-        elif code == 0:
-            self.move(job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0)
+        elif code == 0:  # its own reason: not a stale one such as "node is back"
+            self.move(
+                job.id, JobState.SUCCEEDED, finished_at=ended, exit_code=0, reason="exit code 0"
+            )
         else:
             reason = job.handle.get("stop_reason") or _exit_reason(code)
+            if status.detail and not job.handle.get("stop_reason"):
+                reason = f"{status.detail} ({reason})"
             self.move(job.id, JobState.FAILED, finished_at=ended, exit_code=code, reason=reason)
 
     def lose(self, job: Job, detail: str) -> None:
@@ -347,6 +373,20 @@ class JobTracker:
 def launched(job: Job) -> bool:
     """Whether the job's launch returned (its pid is in the store)."""
     return job.handle.get("pid") is not None
+
+
+def last_error_line(log: str) -> str | None:
+    """The line of a log tail that says why it failed, cut to ``_REASON_CHARS``.
+
+    The last ``SomeError: ...`` line, else the last line that mentions an error, else None.
+    """
+    lines = [_ANSI.sub("", line).strip() for line in log.splitlines()]
+    lines = [line for line in lines if line]
+    for pick in (_ERROR_LINE.match, lambda line: "error" in line.lower()):
+        for line in reversed(lines):
+            if pick(line):
+                return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 1] + "…"
+    return None
 
 
 def _exit_reason(code: int | None) -> str:

@@ -4,7 +4,8 @@ The placing pass (:mod:`.placing`) asks the packer, which names what is short on
 with the most room; this adds what only the scheduler knows: the free GPUs of every node that
 could hold the job (so "8 free in all, but split across nodes" is visible), the processes the
 scheduler did not start that hold GPUs of those nodes, and with whom a placed job shares its
-GPUs. Expected starts are the backfill's (:func:`~jupyter_gpusched.core.backfill.expected_starts`).
+GPUs. Expected starts are the backfill's, with what they rest on
+(:func:`~jupyter_gpusched.core.estimates.start_estimates`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime
 import numpy as np
 
 from jupyter_gpusched.cluster.base import NodeInventory
-from jupyter_gpusched.core import backfill
+from jupyter_gpusched.core import estimates
 from jupyter_gpusched.core.models import Job, JobSpec, Placement
 from jupyter_gpusched.core.units import format_size_gb
 from jupyter_gpusched.packing import packer
@@ -82,8 +83,42 @@ def foreign_use(inventory: Sequence[NodeInventory], nodes: set[str]) -> str:
     return "in use by processes the scheduler did not start: " + ", ".join(seen[:NAMED]) + more
 
 
+def largest(inventory: Sequence[NodeInventory], field: str) -> str | None:
+    """What the largest node offers for a capped ``field``, and what to ask instead.
+
+    ``the largest node here has 8 GPUs (a100-0): ask for 8 or fewer`` — said beside a
+    per-job cap (64 GPUs) that means nothing on a lab of 8-GPU nodes. None: not a size field,
+    or no node known.
+    """
+    nodes = [n for n in inventory if n.gpus or n.cpus or n.mem_gb]
+    if not nodes:
+        return None
+    if field == "gpus":
+        n = max(nodes, key=lambda n: len(n.gpus))
+        most = len(n.gpus)
+        return f"the largest node here has {most} GPUs ({n.name}): ask for {most} or fewer"
+    if field == "gpu_mem_gb":
+        gpus = [(g.mem_total_mb / 1024, g.model, n.name) for n in nodes for g in n.gpus]
+        if not gpus:
+            return None
+        gb, model, name = max(gpus, key=lambda g: g[0])
+        size = format_size_gb(round(gb, 1))
+        return f"the largest GPU here has {size} ({model} on {name}): ask for {size} or less"
+    if field == "cpus":
+        n = max(nodes, key=lambda n: n.cpus)
+        most = f"{n.cpus:g}"
+        return f"the largest node here has {most} CPU cores ({n.name}): ask for {most} or fewer"
+    if field == "mem_gb":
+        n = max(nodes, key=lambda n: n.mem_gb)
+        size = format_size_gb(n.mem_gb)
+        return f"the largest node here has {size} of host memory ({n.name}): ask for {size} or less"
+    return None
+
+
 def placed(placement: Placement, others: Sequence[Job]) -> str:
     """``placed on a100-0 GPU 0,1`` — and, for a share, how much and with which jobs."""
+    if not placement.gpu_indices:  # a CPU-only job: no GPU list, no "0 GPU of each"
+        return f"placed on {placement.node}, no GPU"
     text = f"placed on {placement.node} GPU {','.join(map(str, placement.gpu_indices))}"
     if placement.share_per_gpu >= 1:
         return text
@@ -114,11 +149,16 @@ def expected_starts(
     running: Sequence[Job],
     state: packer.ClusterState,
     now: datetime,
-    estimate: Callable[[Job], float],
-) -> dict[int, datetime | None]:
-    """Expected starts of the jobs left waiting, from the state after this pass's placements."""
+    runtime_of: Callable[[Job], estimates.Runtime],
+) -> dict[int, estimates.StartEstimate | None]:
+    """Expected starts of the jobs left waiting, from the state after this pass's placements.
+
+    Each with its range and what it rests on (:func:`~.estimates.start_estimates`).
+    """
     if not queue:
         return {}
     whole = ((state.gm == packer.MILLI) & state.valid & state.node_up[:, None]).sum(axis=1)
     free = {name: float(n) for name, n in zip(state.node_names, whole, strict=True)}
-    return backfill.expected_starts(queue, running, free, now, estimate=estimate, not_before=floors)
+    return estimates.start_estimates(
+        queue, running, free, now, runtime_of=runtime_of, not_before=floors
+    )

@@ -115,23 +115,72 @@ function pad(n: number): string {
   return String(n).padStart(2, '0');
 }
 
-function dayNumber(d: Date): number {
-  return Math.floor(Date.UTC(d.getFullYear(), d.getMonth(), d.getDate()) / 86400000);
+/** A wall clock's reading: local, or in `timeZone` (an IANA name) when given. */
+interface IWall {
+  year: number;
+  month: number; // 0-11
+  day: number;
+  weekday: number; // 0 = Sunday
+  hour: number;
+  minute: number;
 }
 
-/** Local `14:05` today, `Tue 14:05` within a week either side, else `Dec 1 14:05`. */
-export function clockLabel(iso: string, nowMs: number): string {
-  const at = new Date(iso);
-  const now = new Date(nowMs);
-  const hm = `${pad(at.getHours())}:${pad(at.getMinutes())}`;
+function wall(ms: number, timeZone?: string): IWall {
+  const d = new Date(ms);
+  if (!timeZone) {
+    return {
+      year: d.getFullYear(),
+      month: d.getMonth(),
+      day: d.getDate(),
+      weekday: d.getDay(),
+      hour: d.getHours(),
+      minute: d.getMinutes()
+    };
+  }
+  const parts: Record<string, string> = {};
+  const format = new Intl.DateTimeFormat('en-US', {
+    timeZone,
+    year: 'numeric',
+    month: 'numeric',
+    day: 'numeric',
+    weekday: 'short',
+    hour: 'numeric',
+    minute: 'numeric',
+    hourCycle: 'h23'
+  });
+  for (const part of format.formatToParts(d)) {
+    parts[part.type] = part.value;
+  }
+  return {
+    year: Number(parts.year),
+    month: Number(parts.month) - 1,
+    day: Number(parts.day),
+    weekday: DAYS.indexOf(parts.weekday),
+    hour: Number(parts.hour) % 24,
+    minute: Number(parts.minute)
+  };
+}
+
+function dayNumber(w: IWall): number {
+  return Math.floor(Date.UTC(w.year, w.month, w.day) / 86400000);
+}
+
+/**
+ * `14:05` today, `Tue 14:05` within a week either side, else `Dec 1 14:05`: local, or in
+ * `timeZone` when given (a schedule's next run reads in the schedule's own zone).
+ */
+export function clockLabel(iso: string, nowMs: number, timeZone?: string): string {
+  const at = wall(Date.parse(iso), timeZone);
+  const now = wall(nowMs, timeZone);
+  const hm = `${pad(at.hour)}:${pad(at.minute)}`;
   const days = dayNumber(at) - dayNumber(now);
   if (days === 0) {
     return hm;
   }
   if (Math.abs(days) < 7) {
-    return `${DAYS[at.getDay()]} ${hm}`;
+    return `${DAYS[at.weekday]} ${hm}`;
   }
-  return `${MONTHS[at.getMonth()]} ${at.getDate()} ${hm}`;
+  return `${MONTHS[at.month]} ${at.day} ${hm}`;
 }
 
 /** When an expected start is: `in 12m (14:05)`, `any moment`, `unknown`. */
@@ -145,6 +194,44 @@ export function etaLabel(iso: string | null | undefined, nowMs: number): string 
   }
   const minutes = Math.floor(waitS / 60) * 60;
   return `in ${formatDuration(minutes, 2)} (${clockLabel(iso, nowMs)})`;
+}
+
+/** The API's `estimate` of a waiting job's start (the fields startLabel reads). */
+export interface IStartEstimate {
+  at?: string | null;
+  earliest?: string | null;
+  latest?: string | null;
+  basis: string;
+}
+
+/**
+ * An expected start and how firm it is (figures.start_label): `in 40m (09:40) at the latest`,
+ * `in about 15m (09:15; 09:05–09:15 by past runtimes)`, `in 3h59m (12:59) by a guess`.
+ */
+export function startLabel(
+  estimate: IStartEstimate | null | undefined,
+  fallback: string | null | undefined,
+  nowMs: number
+): string {
+  if (!estimate) {
+    return etaLabel(fallback, nowMs);
+  }
+  if (!estimate.at || estimate.basis === 'unknown') {
+    return 'unknown';
+  }
+  const eta = etaLabel(estimate.at, nowMs);
+  if (!['limits', 'history', 'guess'].includes(estimate.basis) || eta === 'any moment') {
+    return eta;
+  }
+  if (estimate.basis === 'limits') {
+    return `${eta} at the latest`;
+  }
+  if (estimate.basis === 'guess') {
+    return `${eta} by a guess`;
+  }
+  let span = estimate.earliest ? clockLabel(estimate.earliest, nowMs) : '';
+  span += estimate.latest ? `–${clockLabel(estimate.latest, nowMs)}` : ' or later';
+  return `in about ${eta.slice(3, -1)}; ${span} by past runtimes)`;
 }
 
 /** A runtime to the second below an hour, to the minute above: `12m3s`, `3h5m`. */
@@ -212,7 +299,10 @@ export function windowLine(window: IWindowFigures, nowMs: number): string {
 export function scheduleLine(
   words: string,
   nextIso: string | null | undefined,
-  nowMs: number
+  nowMs: number,
+  timeZone?: string
 ): string {
-  return nextIso ? `${words}, next ${clockLabel(nextIso, nowMs)}` : `${words}, no next run`;
+  return nextIso
+    ? `${words}, next ${clockLabel(nextIso, nowMs, timeZone)}`
+    : `${words}, no next run`;
 }

@@ -100,7 +100,8 @@ export function queueList(rows: IQueueRow[], all: boolean, act: IListActions): H
                 'span',
                 {
                   className: 'jp-gpusched-eta',
-                  title: 'expected start, from the running jobs’ declared or estimated ends'
+                  title:
+                    r.etaNote || 'expected start, from the running jobs’ declared or estimated ends'
                 },
                 r.eta
               )
@@ -113,7 +114,8 @@ export function queueList(rows: IQueueRow[], all: boolean, act: IListActions): H
         ),
         r.reason && r.state === 'queued'
           ? h('div', { className: 'jp-gpusched-reason' }, r.reason)
-          : null
+          : null,
+        r.etaNudge ? h('div', { className: 'jp-gpusched-eta-note' }, r.etaNudge) : null
       )
     )
   );

@@ -6,7 +6,7 @@
 import { GPU_STATE_COLOURS, GPU_STATE_LABELS, GpuState, isGpuState } from './colors';
 import {
   clockLabel,
-  etaLabel,
+  startLabel,
   gpusLabel as formatGpus,
   memoryLabel,
   percent,
@@ -162,8 +162,12 @@ export interface IQueueRow {
   state: JobState;
   /** `3rd in line` while queued, else empty. */
   position: string;
-  /** While queued: `starts in 12m (14:05)`, `starts any moment`, `starts unknown`. */
+  /** While queued: `starts in 12m (14:05) at the latest`, `starts any moment`, `starts unknown`. */
   eta: string;
+  /** What the expected start rests on, in words (the API's `estimate.note`), else empty. */
+  etaNote: string;
+  /** The note, shown under the row, where a guess or nothing decides the start (the nudge). */
+  etaNudge: string;
   /** `a100-0: 0,1` once placed, else `—`. */
   node: string;
   /** `1 GPU`, `2 GPUs × 16G` or `0.5 GPU`. */
@@ -215,7 +219,13 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
     kind: spec.kind,
     state: job.state,
     position: queued && job.position ? positionLabel(job.position) : '',
-    eta: queued && !job.held ? `starts ${etaLabel(job.estimated_start, nowMs)}` : '',
+    eta:
+      queued && !job.held ? `starts ${startLabel(job.estimate, job.estimated_start, nowMs)}` : '',
+    etaNote: queued && !job.held ? (job.estimate?.note ?? '') : '',
+    etaNudge:
+      queued && !job.held && ['guess', 'unknown'].includes(job.estimate?.basis ?? '')
+        ? (job.estimate?.note ?? '')
+        : '',
     node: p ? `${p.node}: ${p.gpu_indices.join(',')}` : '—',
     gpus,
     runtime: run === null ? '' : runtimeLabel(run),
@@ -334,7 +344,8 @@ export interface IDefinitionRow {
 export function definitionRow(d: IDefinition, nowMs: number): IDefinitionRow {
   const notebook = d.spec.notebook ?? '';
   const words = d.schedule_words || `cron '${d.schedule}'`;
-  const next = d.paused ? 'paused' : scheduleLine(words, d.next_fire_at, nowMs);
+  // in the schedule's own zone, as its words and the zone shown beside it say
+  const next = d.paused ? 'paused' : scheduleLine(words, d.next_fire_at, nowMs, d.timezone);
   let runs = 'no runs yet';
   if (d.fire_count > 0) {
     runs = `${d.fire_count} run${d.fire_count === 1 ? '' : 's'}`;

@@ -15,6 +15,7 @@ import {
   positionLabel,
   runtimeLabel,
   scheduleLine,
+  startLabel,
   windowLine
 } from '../src/format';
 
@@ -36,6 +37,7 @@ const formatters: Record<string, (...args: any[]) => string> = {
   memory_label: memoryLabel,
   clock_label: (at: string) => clockLabel(at, now),
   eta_label: (at: string | null) => etaLabel(at, now),
+  start_label: (est: any, at: string | null) => startLabel(est, at, now),
   fragmentation_text: fragmentationText,
   window_line: w => windowLine(w, now),
   schedule_line: (words: string, at: string | null) => scheduleLine(words, at, now)

@@ -122,6 +122,31 @@ describe('queue rows', () => {
     expect(queueRow(job(1, { state: 'running', position: 3 }), NOW, 'alice').position).toBe('');
   });
 
+  it('says what an expected start rests on: a guess reads as one, with its note', () => {
+    const note = 'a guess: job 7 set no --max-runtime and has no past runtimes, so 4h is assumed';
+    const waiting = job(1, {
+      estimated_start: '2026-11-23T13:59:00Z',
+      estimate: {
+        at: '2026-11-23T13:59:00Z',
+        earliest: '2026-11-23T10:00:00Z',
+        latest: null,
+        basis: 'guess',
+        note
+      }
+    });
+    const row = queueRow(waiting, NOW, 'alice');
+    expect([row.eta, row.etaNote, row.etaNudge]).toEqual([
+      'starts in 3h59m (13:59) by a guess',
+      note,
+      note
+    ]);
+    const unknown = job(2, {
+      estimated_start: null,
+      estimate: { at: null, earliest: null, latest: null, basis: 'unknown', note: 'unknown: …' }
+    });
+    expect(queueRow(unknown, NOW, 'alice').eta).toBe('starts unknown');
+  });
+
   it('says why a queued job waits and when it is expected to start', () => {
     const waiting = job(1, {
       position: 2,
@@ -235,7 +260,7 @@ describe('executed notebooks and schedules', () => {
     expect(queueRow(labelled, NOW, 'alice').output).toBeNull();
   });
 
-  it('shows a schedule with its cron, zone, next run and runs', () => {
+  it('shows a schedule with its cron, zone, and next run in that zone, and runs', () => {
     const d = {
       id: 4,
       name: null,
@@ -258,7 +283,7 @@ describe('executed notebooks and schedules', () => {
       schedule: '0 22 * * 1-5',
       timezone: 'Europe/Berlin',
       words: 'weekdays at 22:00',
-      next: 'weekdays at 22:00, next 21:00',
+      next: 'weekdays at 22:00, next 22:00', // in Europe/Berlin, as the zone beside it says
       paused: false,
       gpus: '2 GPUs × 16G',
       runs: 'no runs yet'

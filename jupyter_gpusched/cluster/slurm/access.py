@@ -118,9 +118,14 @@ class SharedFiles:
         await self._as(user, argv, f"staging {list(sources)} into {target_dir}")
 
     async def read(self, user: str | None, path: str, offset: int = 0, limit: int = -1) -> bytes:
-        """Bytes of ``path`` from ``offset`` (``limit`` < 0: to the end); b'' when absent."""
+        """Bytes of ``path`` from ``offset`` (< 0: from the end; ``limit`` < 0: to the end).
+
+        b'' when absent.
+        """
         try:
             with open(path, "rb") as f:
+                if offset < 0:
+                    offset = max(0, f.seek(0, os.SEEK_END) + offset)
                 f.seek(offset)
                 return f.read(limit)
         except FileNotFoundError:
@@ -131,8 +136,11 @@ class SharedFiles:
         argv = ["dd", f"if={path}", "iflag=skip_bytes,count_bytes", f"skip={offset}"]
         if limit >= 0:
             argv.append(f"count={limit}")
+        argv.append("status=none")
+        if offset < 0:  # the last bytes (at most as many as the offset says)
+            argv = ["tail", "-c", str(-offset), path]
         try:
-            out = await self._as(user, [*argv, "status=none"], f"reading {path}", encoding=None)
+            out = await self._as(user, argv, f"reading {path}", encoding=None)
         except BackendError as exc:
             if "No such file" in exc.message:
                 return b""

@@ -104,6 +104,10 @@ class JobsHandler(ApiHandler):
         self._uploads: list[PendingUploads] = []
         self._bounds = sched.policy.spec_bounds(sched.clock.now())  # one for all the jobs
         self._sched = sched
+        with sched.cap_in_context():
+            await self._submit_checked(sched, claim, body)
+
+    async def _submit_checked(self, sched: Any, claim: KeyClaim | None, body: Any) -> None:
         if isinstance(body, list):
             specs = self._specs(body)
             self._write_uploads()

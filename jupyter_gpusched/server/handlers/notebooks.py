@@ -79,7 +79,8 @@ class _NotebookApi(ApiHandler):
                 "the lab's service cannot read your notebook from your machine; send its "
                 "content (your Jupyter server does so for you)",
             )
-        request = parse_request(body)
+        with sched.cap_in_context():  # a cap refused says what the largest node offers
+            request = parse_request(body)
         if content is not None and self.mode == "service":  # kept by the service: uploaded
             size = len(self.request.body)
             self.gate.uploads.check(mine, size, lambda: self.live_files(mine.user))
