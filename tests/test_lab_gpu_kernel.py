@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +27,7 @@ from _fixtures_lab import (
     stop_lab,
 )
 from _fixtures_polling import scaled, scaled_ms
+from _lab_steps import block_every_gpu, cancel_all, kernel_leases, starting_kernel
 
 chromium = _fixtures_lab.chromium
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -201,11 +201,7 @@ def test_a_waiting_gpu_kernel_shows_its_place_in_the_queue_and_can_be_cancelled(
     page: Any, gpu_lab: LabServer
 ) -> None:
     # every GPU taken by batch jobs that may run 10 minutes
-    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    blockers = [
-        post(gpu_lab, "jobs", {"kind": "script", "command": sleep, "gpus": n, "max_runtime_s": 600})
-        for n in (8, 8, 4, 2)
-    ]
+    blockers = block_every_gpu(gpu_lab)
     try:
         page.wait_for_function(
             "() => document.querySelectorAll('.jp-gpusched-gpu[data-state=\"batch\"]').length "
@@ -235,8 +231,7 @@ def test_a_waiting_gpu_kernel_shows_its_place_in_the_queue_and_can_be_cancelled(
         assert page.locator(".jp-Dialog").count() == 0
         assert " 500 " not in gpu_lab.log_path.read_text()
     finally:
-        for blocker in blockers:
-            delete(gpu_lab, f"jobs/{blocker['id']}")
+        cancel_all(gpu_lab, blockers)
 
 
 #: The idle timeout of the lab below: long enough for a cell and a look, short for a test.
@@ -276,18 +271,6 @@ def stop_lab_once(server: LabServer) -> bool:
         return False
 
 
-def starting_kernel(page: Any) -> None:
-    """Until the notebook is starting its GPU kernel (the status bar says "Initializing")."""
-    page.locator(".jp-StatusBar-Widget", has_text="Python 3 (1 GPU) | Initializing").wait_for(
-        timeout=scaled_ms(60)
-    )
-
-
-def kernel_leases(server: LabServer, notebook: str) -> list[dict[str, Any]]:
-    jobs = server.api("gpusched/api/jobs?kind=lease&limit=1000")["jobs"]
-    return [j for j in jobs if j["spec"]["labels"].get("gpusched.notebook") == notebook]
-
-
 def test_a_gpu_kernel_s_life_queued_cell_reload_ready_reclaimed_and_asked_again(
     chromium: Any, idle_lab: LabServer
 ) -> None:
@@ -296,13 +279,7 @@ def test_a_gpu_kernel_s_life_queued_cell_reload_ready_reclaimed_and_asked_again(
     page.set_default_timeout(scaled_ms(30))
     workspace = uuid.uuid4().hex[:8]
     url = f"{idle_lab.url}lab/workspaces/{workspace}/tree/train.ipynb?token={idle_lab.token}"
-    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    blockers = [
-        post(
-            idle_lab, "jobs", {"kind": "script", "command": sleep, "gpus": n, "max_runtime_s": 600}
-        )
-        for n in (8, 8, 4, 2)
-    ]
+    blockers = block_every_gpu(idle_lab)
     try:
         page.goto(url + "&reset")
         waiting = page.locator(".Toastify__toast", has_text="GPU kernel for train.ipynb is waiting")
@@ -326,8 +303,7 @@ def test_a_gpu_kernel_s_life_queued_cell_reload_ready_reclaimed_and_asked_again(
         cell.locator(".cm-content").click()
         page.keyboard.press("Shift+Enter")
         cell.locator(".jp-InputPrompt", has_text="[*]").wait_for()
-        for blocker in blockers:
-            delete(idle_lab, f"jobs/{blocker['id']}")
+        cancel_all(idle_lab, blockers)
         blockers = []
         # the kernel starts: "ready on NODE GPU i", and the kept cell runs
         ready = page.locator(".Toastify__toast", has_text="GPU kernel for train.ipynb is ready on")
@@ -361,27 +337,5 @@ def test_a_gpu_kernel_s_life_queued_cell_reload_ready_reclaimed_and_asked_again(
         assert [j["state"] for j in again] == ["running"]
         assert " 500 " not in idle_lab.log_path.read_text()
     finally:
-        for blocker in blockers:
-            delete(idle_lab, f"jobs/{blocker['id']}")
+        cancel_all(idle_lab, blockers)
         context.close()
-
-
-def post(server: LabServer, path: str, body: Any) -> Any:
-    return _call(server, "POST", path, body)
-
-
-def delete(server: LabServer, path: str) -> Any:
-    return _call(server, "DELETE", path)
-
-
-def _call(server: LabServer, method: str, path: str, body: Any = None) -> Any:
-    import urllib.request
-
-    req = urllib.request.Request(
-        server.url + "gpusched/api/" + path,
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())

@@ -22,6 +22,7 @@ from _fixtures_lab import (
     start_lab,
     stop_lab,
 )
+from _lab_steps import page_call
 
 # The fixtures, made visible to this module's tests.
 chromium = _fixtures_lab.chromium
@@ -94,23 +95,6 @@ def close_tab(page: Any, name: str) -> None:
     if page.locator(".jp-Dialog").count():
         page.locator(".jp-Dialog button", has_text="Discard").click()
     tab.wait_for(state="detached")
-
-
-def call(page: Any, server: LabServer, method: str, path: str, body: Any = None) -> Any:
-    """One API call from the page, as the panel makes them (the page's login and token)."""
-    return page.evaluate(
-        """async ([url, token, method, body]) => {
-            const r = await fetch(url, {
-                method,
-                headers: {Authorization: `token ${token}`, 'Content-Type': 'application/json'},
-                body: body === null ? undefined : JSON.stringify(body)
-            });
-            const text = await r.text();
-            if (!r.ok) { throw new Error(`${method} ${url}: ${r.status} ${text}`); }
-            return text ? JSON.parse(text) : null;
-        }""",
-        [server.url + path, server.token, method, body],
-    )
 
 
 def queue_row(page: Any, job_id: int) -> Any:
@@ -380,7 +364,7 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
     page.wait_for_selector(".jp-gpusched-live.jp-mod-live")  # following events before we act
     # Both 8-GPU nodes busy for up to 20 minutes: an 8-GPU job must wait for one of them.
     hold = {"kind": "script", "command": ["sleep", "600"], "gpus": 8, "max_runtime_s": 1200}
-    jobs = [call(page, lab_server, "POST", "gpusched/api/jobs", hold)["id"] for _ in range(2)]
+    jobs = [page_call(page, lab_server, "POST", "gpusched/api/jobs", hold)["id"] for _ in range(2)]
     try:
         for job_id in jobs:
             page.wait_for_selector(
@@ -388,7 +372,7 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
                 timeout=RUN_TIMEOUT_MS,
             )
         eight = {"kind": "script", "command": ["true"], "gpus": 8, "name": "eight-gpus"}
-        waiting = call(page, lab_server, "POST", "gpusched/api/jobs", eight)["id"]
+        waiting = page_call(page, lab_server, "POST", "gpusched/api/jobs", eight)["id"]
         jobs.append(waiting)
         row = queue_row(page, waiting)
         eta = row.locator(".jp-gpusched-eta")
@@ -468,7 +452,7 @@ def test_waiting_job_says_why_and_when_and_pages_show_timeline_and_gpu_history(
         # The waiting job first: cancelling a holder first frees the GPUs it waits for, and it
         # could then run and end before its own cancel (a 409).
         for job_id in reversed(jobs):
-            call(page, lab_server, "DELETE", f"gpusched/api/jobs/{job_id}")
+            page_call(page, lab_server, "DELETE", f"gpusched/api/jobs/{job_id}")
 
 
 def test_submit_dialog_saves_first_prefills_parameters_offers_limits_and_validates(

@@ -26,6 +26,7 @@ from _fixtures_lab import (
     stop_lab,
 )
 from _fixtures_polling import scaled_ms
+from _lab_steps import announced_job, page_call
 
 chromium = _fixtures_lab.chromium
 lab_page = _fixtures_lab.lab_page
@@ -44,32 +45,6 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     yield server
     stop_lab(server)
     shutil.rmtree(base, ignore_errors=True)
-
-
-def call(page: Any, server: LabServer, method: str, path: str, body: Any = None) -> Any:
-    """One API call from the page, with the page's token (as the panel makes them)."""
-    return page.evaluate(
-        """async ([url, token, method, body]) => {
-            const r = await fetch(url, {
-                method,
-                headers: {Authorization: `token ${token}`, 'Content-Type': 'application/json'},
-                body: body === null ? undefined : JSON.stringify(body)
-            });
-            const text = await r.text();
-            if (!r.ok) { throw new Error(`${method} ${url}: ${r.status} ${text}`); }
-            return text ? JSON.parse(text) : null;
-        }""",
-        [server.url + path, server.token, method, body],
-    )
-
-
-def announced_job(page: Any) -> int:
-    """The id of the job the last "Submitted … as GPU job #N" toast announced."""
-    toast = page.locator(".Toastify__toast", has_text="as GPU job #").last
-    toast.wait_for(state="visible")
-    match = re.search(r"GPU job #(\d+)", toast.inner_text())
-    assert match, toast.inner_text()
-    return int(match.group(1))
 
 
 def in_order(page: Any, *selectors: str) -> bool:
@@ -114,7 +89,7 @@ def test_a_running_job_is_cancelled_from_its_page(lab_page: Any, lab_server: Lab
     page = lab_page
     page.wait_for_selector(".jp-gpusched-live.jp-mod-live")
     hold = {"kind": "script", "command": ["sleep", "600"], "gpus": 1, "name": "to-cancel"}
-    job_id = call(page, lab_server, "POST", "gpusched/api/jobs", hold)["id"]
+    job_id = page_call(page, lab_server, "POST", "gpusched/api/jobs", hold)["id"]
     row = page.locator(f'#gpusched-panel .jp-gpusched-job-row[data-job-id="{job_id}"]')
     page.wait_for_selector(
         f'#gpusched-panel .jp-gpusched-job-row[data-job-id="{job_id}"][data-state="running"]',
