@@ -57,8 +57,8 @@ export class GpuschedModel implements IDisposable {
   private _retryMs = 1000;
   private _retryTimer: ReturnType<typeof setTimeout> | null = null;
   private _definitionsTimer: ReturnType<typeof setTimeout> | null = null;
-  /** Jobs being refetched because the map no longer lists them (see `resyncUnheld`). */
-  private _resyncing = new Set<number>();
+  /** When each job was last refetched because the map did not list it (`resyncUnheld`). */
+  private _resynced = new Map<number, number>();
   /** Notices of notebook jobs waiting for their executed notebook, by job id. */
   private _pending = new Map<number, { notice: INotice; timer: ReturnType<typeof setTimeout> }>();
 
@@ -284,14 +284,21 @@ export class GpuschedModel implements IDisposable {
    * update about them was missed or came out of order, and a row must not stay stale.
    */
   resyncUnheld(): void {
-    for (const id of unheldJobs(this.state)) {
-      if (this._resyncing.has(id)) {
+    const now = Date.now();
+    const unheld = unheldJobs(this.state);
+    for (const id of this._resynced.keys()) {
+      if (!unheld.includes(id)) {
+        this._resynced.delete(id);
+      }
+    }
+    for (const id of unheld) {
+      // at most once a map poll per job: a map that lags a start, or a node that does not
+      // answer, must not cost a request per cluster message
+      if (now - (this._resynced.get(id) ?? -Infinity) < CLUSTER_POLL_MS) {
         continue;
       }
-      this._resyncing.add(id);
-      void this.refreshJob(id)
-        .catch(err => console.warn(`gpusched: job ${id} refresh failed`, err))
-        .finally(() => this._resyncing.delete(id));
+      this._resynced.set(id, now);
+      void this.refreshJob(id).catch(err => console.warn(`gpusched: job ${id} refresh`, err));
     }
   }
 
