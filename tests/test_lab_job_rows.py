@@ -128,3 +128,49 @@ def test_jobs_cancelled_together_each_show_cancelled(
             screenshot(page, "lab-job-rows-stale")
             raise AssertionError(f"stale row; events seen: {seen}") from None
     screenshot(page, "lab-job-rows-all-cancelled")
+
+
+def test_a_job_whose_end_the_stream_lost_still_shows_cancelled(
+    chromium: Any, lab_server: LabServer
+) -> None:
+    """The events websocket loses one job's end (as a dropped or reordered update would):
+    the row must still reach "cancelled" once the map shows the job's GPUs free."""
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(scaled_ms(30))
+    lost: list[int] = []  # the job whose end is dropped (set once it is known)
+    dropped: list[dict[str, Any]] = []
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            event = json.loads(message)
+            if lost and event.get("job_id") == lost[0] and event.get("kind") == "state":
+                dropped.append(event)
+                return
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    page.route_web_socket("**/gpusched/api/events**", relay)
+    try:
+        page.goto(f"{lab_server.url}lab?token={lab_server.token}")
+        page.wait_for_selector("#jp-main-dock-panel", state="visible")
+        show_sidebar(page, "gpusched-panel")
+        page.locator(f"{PANEL} .jp-gpusched-figures", has_text="22/22 GPUs free").wait_for()
+        jobs = block_every_gpu(lab_server)
+        for job in jobs:
+            page.wait_for_selector(row(job["id"], "running"), timeout=WAIT_MS)
+        lost.append(jobs[1]["id"])
+        for job in jobs:
+            api_call(lab_server, "DELETE", f"jobs/{job['id']}")
+        page.locator(f"{PANEL} .jp-gpusched-figures", has_text="22/22 GPUs free").wait_for(
+            timeout=WAIT_MS
+        )
+        for job in jobs:
+            page.wait_for_selector(row(job["id"], "cancelled"), timeout=scaled_ms(30))
+        assert [e["to_state"] for e in dropped] == ["cancelled"], dropped
+        screenshot(page, "lab-job-rows-lost-end-recovered")
+    finally:
+        context.close()
