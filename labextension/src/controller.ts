@@ -16,7 +16,9 @@ import {
   noticeGate,
   touchesCluster,
   touchesDefinitions,
+  unheldJobs,
   withCluster,
+  withJob,
   withJobs,
   withOutput
 } from './reducer';
@@ -55,6 +57,8 @@ export class GpuschedModel implements IDisposable {
   private _retryMs = 1000;
   private _retryTimer: ReturnType<typeof setTimeout> | null = null;
   private _definitionsTimer: ReturnType<typeof setTimeout> | null = null;
+  /** When each job was last refetched because the map did not list it (`resyncUnheld`). */
+  private _resynced = new Map<number, number>();
   /** Notices of notebook jobs waiting for their executed notebook, by job id. */
   private _pending = new Map<number, { notice: INotice; timer: ReturnType<typeof setTimeout> }>();
 
@@ -104,13 +108,14 @@ export class GpuschedModel implements IDisposable {
     this.error = null;
     this._changed.emit();
     try {
+      const since = this.state.lastEventId;
       const [cluster, jobs, me] = await Promise.all([
         this.client.cluster(),
         this.client.jobs(JOB_LIMIT),
         this._me === null ? this.client.whoami() : Promise.resolve(this._me)
       ]);
       this._me = me;
-      this.state = withJobs(withCluster(this.state, cluster), jobs);
+      this.state = withJobs(withCluster(this.state, cluster), jobs, since);
       this._gate ??= noticeGate(jobs, JOB_LIMIT);
       this.status = 'ready';
     } catch (err) {
@@ -155,7 +160,8 @@ export class GpuschedModel implements IDisposable {
   /** Reload the job list over REST (the events then keep it current). */
   async reloadJobs(): Promise<void> {
     try {
-      this.state = withJobs(this.state, await this.client.jobs(JOB_LIMIT));
+      const since = this.state.lastEventId;
+      this.state = withJobs(this.state, await this.client.jobs(JOB_LIMIT), since);
       this._changed.emit();
     } catch (err) {
       console.warn('gpusched: jobs reload failed', err);
@@ -185,6 +191,9 @@ export class GpuschedModel implements IDisposable {
     const notice = this._gate ? noticeFor(event, this.me(), this._gate) : null;
     if (touchesCluster(event)) {
       this.scheduleClusterRefresh();
+    }
+    if (event.kind === 'cluster') {
+      this.resyncUnheld();
     }
     this._changed.emit();
     if (completed) {
@@ -263,19 +272,48 @@ export class GpuschedModel implements IDisposable {
     }
     try {
       this.state = withCluster(this.state, await this.client.cluster());
+      this.resyncUnheld();
       this._changed.emit();
     } catch (err) {
       console.warn('gpusched: cluster refresh failed', err);
     }
   }
 
-  /** Refresh one job after acting on it (the event will follow, this is quicker). */
+  /**
+   * Refetch the jobs whose rows say they hold GPUs the map says no job of theirs holds: an
+   * update about them was missed or came out of order, and a row must not stay stale.
+   */
+  resyncUnheld(): void {
+    const now = Date.now();
+    const unheld = unheldJobs(this.state);
+    for (const id of this._resynced.keys()) {
+      if (!unheld.includes(id)) {
+        this._resynced.delete(id);
+      }
+    }
+    for (const id of unheld) {
+      // at most once a map poll per job: a map that lags a start, or a node that does not
+      // answer, must not cost a request per cluster message
+      if (now - (this._resynced.get(id) ?? -Infinity) < CLUSTER_POLL_MS) {
+        continue;
+      }
+      this._resynced.set(id, now);
+      void this.refreshJob(id).catch(err => console.warn(`gpusched: job ${id} refresh`, err));
+    }
+  }
+
+  /**
+   * Refresh one job (after acting on it, or when its row looks stale). An event about it
+   * that came while the answer was on its way is newer: the answer then does not replace it.
+   */
   async refreshJob(id: number): Promise<void> {
+    const since = this.state.lastEventId;
     const job = await this.client.job(id);
-    const jobs = new Map(this.state.jobs);
-    jobs.set(id, job);
-    this.state = { ...this.state, jobs };
-    this._changed.emit();
+    const next = withJob(this.state, job, since);
+    if (next !== this.state) {
+      this.state = next;
+      this._changed.emit();
+    }
   }
 
   dispose(): void {

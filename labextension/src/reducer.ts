@@ -3,7 +3,7 @@
  * returns a new state and never mutates its input, so replays and reconnects are safe.
  */
 import { isKernelLease } from './kernelwait';
-import { ICluster, IEvent, IJob, JobState } from './types';
+import { ICluster, IEvent, IJob, JobState, TERMINAL_STATES } from './types';
 
 /** Everything the panel draws. */
 export interface IPanelState {
@@ -15,16 +15,90 @@ export interface IPanelState {
    * the first connection then asks for new events only (the page loads the jobs by REST).
    */
   lastEventId: number;
+  /**
+   * For each job, the id of the last event that set it: a REST answer asked for before that
+   * event (its `since`) is older than what the row shows and must not replace it.
+   */
+  jobEventIds: ReadonlyMap<number, number>;
 }
 
 /** The state before anything has loaded. */
 export function initialState(): IPanelState {
-  return { cluster: null, jobs: new Map(), lastEventId: -1 };
+  return { cluster: null, jobs: new Map(), lastEventId: -1, jobEventIds: new Map() };
 }
 
-/** Replace the job list with a fresh `GET jobs` answer (events since may already be in it). */
-export function withJobs(state: IPanelState, jobs: IJob[]): IPanelState {
-  return { ...state, jobs: new Map(jobs.map(j => [j.id, j])) };
+function ended(job: IJob): boolean {
+  return TERMINAL_STATES.includes(job.state);
+}
+
+/**
+ * Which of two snapshots of one job to show: `fetched` (a REST answer asked for when
+ * `lastEventId` was `since`) or `shown`. A finished job never moves again, so a live
+ * snapshot never replaces a finished one; an event newer than the request wins over it.
+ */
+function fresher(
+  shown: IJob | undefined,
+  shownEventId: number | undefined,
+  fetched: IJob,
+  since: number
+): IJob {
+  if (!shown || ended(fetched)) {
+    return fetched;
+  }
+  if (ended(shown) || (shownEventId !== undefined && shownEventId > since)) {
+    return shown;
+  }
+  return fetched;
+}
+
+/**
+ * Replace the job list with a `GET jobs` answer asked for when `lastEventId` was `since`
+ * (events since may already be in it, or be newer than it: those rows are kept).
+ */
+export function withJobs(state: IPanelState, jobs: IJob[], since = -1): IPanelState {
+  const next = new Map(
+    jobs.map(j => [j.id, fresher(state.jobs.get(j.id), state.jobEventIds.get(j.id), j, since)])
+  );
+  return { ...state, jobs: next };
+}
+
+/** Merge one `GET jobs/{id}` answer asked for when `lastEventId` was `since`. */
+export function withJob(state: IPanelState, job: IJob, since: number): IPanelState {
+  const shown = state.jobs.get(job.id);
+  const pick = fresher(shown, state.jobEventIds.get(job.id), job, since);
+  if (pick === shown) {
+    return state;
+  }
+  const jobs = new Map(state.jobs);
+  jobs.set(job.id, pick);
+  return { ...state, jobs };
+}
+
+/**
+ * Jobs the rows show holding GPUs (starting or running, placed) that no GPU of the map
+ * lists: the map is newer than their rows, whose final state was missed. Refetched, a row
+ * never stays stale while the map says its GPUs are free.
+ */
+export function unheldJobs(state: IPanelState): number[] {
+  if (!state.cluster) {
+    return [];
+  }
+  const held = new Set<number>();
+  for (const n of state.cluster.nodes) {
+    for (const g of n.gpus) {
+      for (const j of g.jobs ?? []) {
+        held.add(j.id);
+      }
+    }
+  }
+  const out: number[] = [];
+  for (const job of state.jobs.values()) {
+    const holds = (job.state === 'running' || job.state === 'starting') && job.placement;
+    if (holds && (job.spec.gpus ?? 0) > 0 && !held.has(job.id)) {
+      out.push(job.id);
+    }
+  }
+  return out;
 }
 
 /** Replace the cluster map with a fresh `GET cluster` answer. */
@@ -48,18 +122,25 @@ export function applyEvent(state: IPanelState, event: IEvent): IPanelState {
     next = { ...next, cluster };
   }
   if (event.job) {
-    const jobs = new Map(next.jobs);
-    jobs.set(event.job.id, event.job);
-    next = { ...next, jobs };
+    next = withEventJob(next, event.job, id);
   } else if (typeof event.job_id === 'number' && event.to_state) {
     const old = next.jobs.get(event.job_id);
     if (old) {
-      const jobs = new Map(next.jobs);
-      jobs.set(old.id, { ...old, state: event.to_state, position: null });
-      next = { ...next, jobs };
+      next = withEventJob(next, { ...old, state: event.to_state, position: null }, id);
     }
   }
   return next;
+}
+
+function withEventJob(state: IPanelState, job: IJob, id: number | null): IPanelState {
+  const jobs = new Map(state.jobs);
+  jobs.set(job.id, job);
+  if (id === null) {
+    return { ...state, jobs };
+  }
+  const jobEventIds = new Map(state.jobEventIds);
+  jobEventIds.set(job.id, id);
+  return { ...state, jobs, jobEventIds };
 }
 
 /** True when an event may have changed which GPUs are held (the map should be refreshed). */

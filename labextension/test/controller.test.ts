@@ -147,3 +147,53 @@ describe('GpuschedModel', () => {
     model.dispose();
   });
 });
+
+describe('GpuschedModel keeps every row current', () => {
+  const placed = { node: 'a100-1', gpu_indices: [0, 1], share: 1 } as IJob['placement'];
+  const running = job(3, { state: 'running', user: 'root', placement: placed });
+  const cancelled = job(3, { state: 'cancelled', user: 'root', placement: placed });
+
+  /** A model loaded with job 3 running, whose `job(3)` answers what `answer` resolves. */
+  async function withJob3(answer: () => Promise<IJob>): Promise<GpuschedModel> {
+    const model = new GpuschedModel({
+      cluster: async () => cluster([node('a100-1', [gpu(0), gpu(1)])]),
+      jobs: async () => [running],
+      whoami: async () => 'root',
+      definitions: async () => [],
+      job: answer
+    } as unknown as GpuschedClient);
+    (model as unknown as { _events: object })._events = { close: () => undefined };
+    (model as unknown as { _poll: number })._poll = 0;
+    await model.start();
+    model.apply({ id: 10, kind: 'state', job_id: 3, to_state: 'running', job: running });
+    return model;
+  }
+
+  it('lets no answer asked for before an event undo what the event said', async () => {
+    let answer: (job: IJob) => void = () => undefined;
+    const model = await withJob3(() => new Promise<IJob>(resolve => (answer = resolve)));
+    const refreshed = model.refreshJob(3); // asked while it runs ...
+    model.apply({ id: 11, kind: 'state', job_id: 3, to_state: 'cancelled', job: cancelled });
+    answer(running); // ... answered after the cancel's event
+    await refreshed;
+    expect(model.state.jobs.get(3)!.state).toBe('cancelled');
+    model.dispose();
+  });
+
+  it('fetches again a job whose row holds GPUs the map says are free', async () => {
+    const asked: number[] = [];
+    const model = await withJob3(async () => {
+      asked.push(3);
+      return cancelled;
+    });
+    // The cancel's event never came; the map that follows it lists no holder of a100-1.
+    const c = cluster([node('a100-1', [gpu(0), gpu(1)])]);
+    model.apply({ kind: 'cluster', cluster: c });
+    await vi.waitFor(() => expect(model.state.jobs.get(3)!.state).toBe('cancelled'));
+    expect(asked).toEqual([3]);
+    // Once it is over, a later map asks nothing more.
+    model.apply({ kind: 'cluster', cluster: { ...c, at: '2026-11-23T10:00:01Z' } });
+    expect(asked).toEqual([3]);
+    model.dispose();
+  });
+});

@@ -7,6 +7,9 @@ import {
   noticeGate,
   touchesCluster,
   touchesDefinitions,
+  unheldJobs,
+  withCluster,
+  withJob,
   withJobs,
   withOutput
 } from '../src/reducer';
@@ -168,5 +171,44 @@ describe('the executed notebook of a notebook job', () => {
       noticeGate([job(5, { state: 'running' })], 200)
     )!;
     expect(awaitsOutput(notice, job(5, { state: 'succeeded' }))).toBe(false);
+  });
+});
+
+describe('job snapshots from REST and events, in order', () => {
+  const running = job(3, { state: 'running', placement: { node: 'a100-1', gpu_indices: [0] } });
+  const cancelled = job(3, { state: 'cancelled' });
+
+  it('keeps a finished job finished whatever an older answer says', () => {
+    let s = applyEvent(withJobs(initialState(), [running]), {
+      id: 7,
+      kind: 'state',
+      job_id: 3,
+      to_state: 'cancelled',
+      job: cancelled
+    });
+    s = withJobs(s, [running], 2);
+    expect(s.jobs.get(3)!.state).toBe('cancelled');
+    expect(withJob(s, running, 9).jobs.get(3)!.state).toBe('cancelled');
+  });
+
+  it('takes an answer newer than the last event about the job', () => {
+    let s = applyEvent(withJobs(initialState(), [job(3)]), {
+      id: 4,
+      kind: 'state',
+      job_id: 3,
+      to_state: 'running',
+      job: running
+    });
+    expect(withJob(s, job(3, { state: 'queued' }), 3).jobs.get(3)!.state).toBe('running');
+    s = withJob(s, cancelled, 3);
+    expect(s.jobs.get(3)!.state).toBe('cancelled');
+  });
+
+  it('names the rows that hold GPUs the map lists for no one', () => {
+    const held = gpu(0, { state: 'batch', jobs: [{ id: 3 } as never] });
+    let s = withCluster(withJobs(initialState(), [running]), cluster([node('a100-1', [held])]));
+    expect(unheldJobs(s)).toEqual([]);
+    s = withCluster(s, cluster([node('a100-1', [gpu(0)])]));
+    expect(unheldJobs(s)).toEqual([3]);
   });
 });
