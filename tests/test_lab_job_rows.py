@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +15,6 @@ import _fixtures_lab
 import pytest
 from _fixtures_lab import (
     CHROMIUM,
-    SIM_NODES,
     LabServer,
     screenshot,
     show_sidebar,
@@ -25,6 +22,7 @@ from _fixtures_lab import (
     stop_lab,
 )
 from _fixtures_polling import scaled_ms
+from _lab_steps import api_call, block_every_gpu
 
 chromium = _fixtures_lab.chromium
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -43,25 +41,6 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     yield server
     stop_lab(server)
     shutil.rmtree(base, ignore_errors=True)
-
-
-def api_call(server: LabServer, method: str, path: str, body: Any = None) -> Any:
-    """``METHOD gpusched/api/PATH`` from this process, with the server's token."""
-    req = urllib.request.Request(
-        server.url + "gpusched/api/" + path,
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
-
-
-def block_every_gpu(server: LabServer) -> list[dict[str, Any]]:
-    """Sleeping jobs that take each node whole (8, 8, 4 and 2 GPUs)."""
-    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    spec = {"kind": "script", "command": sleep, "max_runtime_s": 600}
-    return [api_call(server, "POST", "jobs", {**spec, "gpus": n}) for n in SIM_NODES.values()]
 
 
 def row(job_id: int, state: str) -> str:

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 import nbformat
 import pytest
 from _fixtures_live_server import api, dir_in_root, notebook
+from _fixtures_polling import scaled
 
 from jupyter_gpusched.cli import app as cli
 from jupyter_gpusched.cli.base import GpuSchedCommand
@@ -120,7 +121,7 @@ def test_the_installed_command_refuses_a_misspelt_option_instead_of_going_on(
         [sys.executable, "-m", "jupyter_gpusched.cli.app", *argv],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert (done.returncode, done.stdout, done.stderr) == (2, "", said)
 
