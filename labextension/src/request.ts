@@ -201,9 +201,12 @@ export function splitArgs(text: string): string[] {
   return out;
 }
 
-/** `NAME=VALUE` lines into the job's environment (values are kept as written). */
-export function parseEnv(text: string): Record<string, string> {
-  const out: Record<string, string> = {};
+/**
+ * `NAME=VALUE` lines as [name, value] pairs (blank and `#` lines skipped); a line
+ * without a valid name throws `refusal(lineNumber)`.
+ */
+function nameValueLines(text: string, refusal: (line: number) => string): [string, string][] {
+  const out: [string, string][] = [];
   text.split(/\r?\n/).forEach((raw, i) => {
     const line = raw.trim();
     if (!line || line.startsWith('#')) {
@@ -212,11 +215,18 @@ export function parseEnv(text: string): Record<string, string> {
     const eq = line.indexOf('=');
     const name = eq < 0 ? '' : line.slice(0, eq).trim();
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
-      throw new SubmitInputError(`environment line ${i + 1}: write NAME=VALUE, e.g. STEPS=20`);
+      throw new SubmitInputError(refusal(i + 1));
     }
-    out[name] = line.slice(eq + 1);
+    out.push([name, line.slice(eq + 1)]);
   });
   return out;
+}
+
+/** `NAME=VALUE` lines into the job's environment (values are kept as written). */
+export function parseEnv(text: string): Record<string, string> {
+  return Object.fromEntries(
+    nameValueLines(text, n => `environment line ${n}: write NAME=VALUE, e.g. STEPS=20`)
+  );
 }
 
 /**
@@ -225,23 +235,15 @@ export function parseEnv(text: string): Record<string, string> {
  */
 export function parseParameters(text: string): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  text.split(/\r?\n/).forEach((raw, i) => {
-    const line = raw.trim();
-    if (!line || line.startsWith('#')) {
-      return;
-    }
-    const eq = line.indexOf('=');
-    const name = eq < 0 ? '' : line.slice(0, eq).trim();
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
-      throw new SubmitInputError(`line ${i + 1}: write parameters as name=value, e.g. lr=0.1`);
-    }
-    const value = line.slice(eq + 1).trim();
+  const refusal = (n: number) => `line ${n}: write parameters as name=value, e.g. lr=0.1`;
+  for (const [name, raw] of nameValueLines(text, refusal)) {
+    const value = raw.trim();
     try {
       out[name] = JSON.parse(value);
     } catch {
       out[name] = value;
     }
-  });
+  }
   return out;
 }
 
