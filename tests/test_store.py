@@ -29,6 +29,7 @@ from jupyter_gpusched.core.models import (
     PriorityClass,
 )
 from jupyter_gpusched.store.engine import exposure
+from jupyter_gpusched.store.orm import JobRow
 from jupyter_gpusched.store.store import Store
 
 S = JobState
@@ -126,8 +127,9 @@ def test_every_job_field_round_trips(store: Store, clock: ManualClock) -> None:
 
 def test_only_jobs_with_earlier_attempts_are_read_for_reaping(store: Store) -> None:
     plain, requeued, ended = (store.add_job(script()).id for _ in range(3))
-    store.update_job(requeued, handle={"previous": [{"node": "n0", "pgid": 7}]})
-    store.update_job(ended, handle={"previous": [{"node": "n1"}]})
+    # as a requeue leaves them: the earlier attempts kept, the attempt counted up
+    store.update_job(requeued, handle={"previous": [{"node": "n0", "pgid": 7}]}, attempt=1)
+    store.update_job(ended, handle={"previous": [{"node": "n1"}]}, attempt=1)
     store.transition(ended, S.CANCELLED, expect=S.QUEUED)
     found = store.jobs_with_earlier_attempts([S.QUEUED, S.STARTING, S.RUNNING])
     assert [j.id for j in found] == [requeued]
@@ -667,3 +669,53 @@ def test_a_full_pass_reads_neither_held_jobs_nor_far_ones_once_they_have_their_r
     store.update_job(held.id, held=True, reason="waiting: held by its owner")
     weighed = [j.id for j in store.queued_for_pass(soon)]
     assert weighed == [fresh_far.id, near.id, plain.id]
+
+
+def test_the_reads_of_every_pass_and_tick_do_not_grow_with_a_far_future_backlog(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A lab's backlog of far-future (or ended) jobs must not be walked at every tick.
+
+    Counted in SQLite's virtual-machine instructions (its progress handler), which do not
+    depend on how busy the machine is: the same reads with 50 and with 5,000 backlog rows.
+    """
+    store = Store(f"sqlite:///{tmp_path / 'plan.db'}", clock=clock)
+    store.migrate()
+    far = clock.now() + timedelta(days=300)
+    for _ in range(3):
+        store.add_job(script())  # the live queue
+
+    def backlog(n: int) -> None:
+        store.add_jobs([script(not_before=far.isoformat()) for _ in range(n)])
+        with store.engine.begin() as conn:  # as a pass leaves them: weighed, with a reason
+            conn.execute(
+                JobRow.__table__.update()
+                .where(JobRow.__table__.c.not_before.is_not(None))
+                .values(reason="waiting: its start time")
+            )
+
+    def instructions() -> int:
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0  # go on
+
+        def watch(conn: Any, *args: Any) -> None:
+            conn.connection.driver_connection.set_progress_handler(count, 100)
+
+        event.listen(store.engine, "before_cursor_execute", watch)
+        try:
+            store.queued_for_pass(clock.now())
+            store.jobs_with_earlier_attempts([S.QUEUED, S.STARTING, S.RUNNING])
+            store.active_and_queued_since(10**9)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", watch)
+        return steps[0]
+
+    backlog(50)
+    small = instructions()
+    backlog(4_950)
+    assert len(store.queued_for_pass(clock.now())) == 3
+    assert instructions() < 2 * small + 20, (small, instructions())
+    store.close()

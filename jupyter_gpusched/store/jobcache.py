@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from jupyter_gpusched.core.models import Job, JobSpec, replaced
+from jupyter_gpusched.core.models import TERMINAL_STATES, Job, JobSpec, replaced
 
 from .orm import JobRow
 from .rows import job_from_row
@@ -54,13 +54,25 @@ class JobCache:
         return found, missing
 
     def put(self, row: JobRow, *, shared: bool = False) -> Job:
-        """The job of ``row``, kept for the next read (its spec re-used when unchanged)."""
+        """The job of ``row``, kept for the next read (its spec re-used when unchanged).
+
+        Only live jobs are kept: an ended job is read again only by a page of history, and
+        keeping those would grow the server with the store (a year of a lab's jobs).
+        """
         with self._lock:
             known = self._jobs.get(row.id)
         spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
         job = job_from_row(row, spec)
+        if job.state in TERMINAL_STATES:
+            self.drop(row.id)
+            return job
         self.keep(job, row.version, row.spec)
         return job if shared else copy_job(job)
+
+    def drop(self, job_id: int) -> None:
+        """Forget a job (it ended: the store keeps it, memory need not)."""
+        with self._lock:
+            self._jobs.pop(job_id, None)
 
     def advance(self, job_id: int, version: int, **fields: Any) -> None:
         """A committed write took the job from ``version`` to the next with these fields.

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -77,8 +78,19 @@ class JobRow(Base):
     __tablename__ = "jobs"
     # Each user's live jobs by state and kind, counted without reading a row (the per-user
     # limits ask at every submit): a range of this index, however long the user's history.
+    # The reads of every pass and tick, in the size of the live queue whatever the history
+    # (migration 0007): the queued jobs that may start soon, those no pass has weighed yet
+    # (few: a partial index), and the requeued ones (attempt > 0).
     __table_args__ = (
         Index("ix_jobs_username_state_kind", "username", "state", "kind"),
+        Index("ix_jobs_state_held_not_before", "state", "held", "not_before"),
+        Index("ix_jobs_state_attempt", "state", "attempt"),
+        Index(
+            "ix_jobs_unweighed",
+            "state",
+            sqlite_where=text("reason IS NULL"),
+            postgresql_where=text("reason IS NULL"),
+        ),
         {"sqlite_autoincrement": True},
     )
 

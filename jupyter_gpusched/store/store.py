@@ -40,6 +40,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -322,14 +323,18 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
         time comes (or someone releases them, which wakes a pass that reads them again). So
         one user's thousands of far-future jobs cost the passes of everyone else nothing.
         """
-        may_start = and_(
-            JobRow.held.is_(False), or_(JobRow.not_before.is_(None), JobRow.not_before <= soon)
-        )
-        query = select(JobRow.id, JobRow.version).where(
-            JobRow.state == JobState.QUEUED.value, or_(JobRow.reason.is_(None), may_start)
-        )
+        # Three ranges of indexes (migration 0007), not one scan of every queued row: the
+        # unweighed (few), and the not held whose not_before is unset or comes soon.
+        queued = JobRow.state == JobState.QUEUED.value
+        ready = and_(queued, JobRow.held.is_(False))
+        found = union(
+            select(JobRow.id, JobRow.version).where(queued, JobRow.reason.is_(None)),
+            select(JobRow.id, JobRow.version).where(ready, JobRow.not_before.is_(None)),
+            select(JobRow.id, JobRow.version).where(ready, JobRow.not_before <= soon),
+        ).subquery()
         with self.read_session() as s:
-            keys = s.connection().execute(query.order_by(JobRow.id)).all()
+            by_id = select(found.c.id, found.c.version).order_by(found.c.id)
+            keys = s.connection().execute(by_id).all()
             jobs = self._jobs_of(s, keys, shared=shared)
         return [jobs[i] for i, _ in keys]
 
@@ -360,7 +365,11 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
         """
         wanted = [JobState(x).value for x in states]
         has_previous = JobRow.handle["previous"].as_string().is_not(None)  # NULL when absent
-        query = select(JobRow.id, JobRow.version).where(JobRow.state.in_(wanted), has_previous)
+        # Only a requeued job (attempt > 0) has earlier attempts: a range of an index, so the
+        # JSON is read for those few and not for every queued row.
+        query = select(JobRow.id, JobRow.version).where(
+            JobRow.state.in_(wanted), JobRow.attempt > 0, has_previous
+        )
         with self.read_session() as s:
             keys = s.execute(query.order_by(JobRow.id)).all()
             found = self._jobs_of(s, keys)
@@ -446,7 +455,10 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
                     detail=detail,
                 ),
             )
-            return job_from_row(row)
+            job = job_from_row(row)
+        if to_state in TERMINAL_STATES:
+            self._cache.drop(job_id)  # ended jobs leave memory; the store keeps them
+        return job
 
     def update_job(self, job_id: int, *, event: str | None = "updated", **fields: Any) -> Job:
         """Change fields other than the state (held, spec, handle, last_activity_at, reason...).
