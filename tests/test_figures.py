@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpusched.cluster.base import GpuInfo, NodeInventory
 from jupyter_gpusched.core import figures
+from jupyter_gpusched.core.inventory import GpuInfo, NodeInventory
 from jupyter_gpusched.core.models import Job, JobSpec, Placement
 from jupyter_gpusched.core.schedules import cron_words
 from jupyter_gpusched.core.units import format_duration_s, format_size_gb

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from jupyter_gpusched.cluster.base import GpuInfo, GpuProcess, NodeInventory
+from jupyter_gpusched.core.inventory import GpuInfo, GpuProcess, NodeInventory
 from jupyter_gpusched.core.models import Job, JobSpec, JobState, Placement
 from jupyter_gpusched.packing.inventory import attribute_processes
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.cluster.memory import MemoryBackend, Run
 from jupyter_gpusched.cluster.sim.cluster import SimCluster
 from jupyter_gpusched.cluster.sim.specs import DEFAULT_SIM_NODES
 from jupyter_gpusched.cluster.ssh import SshBackend
 from jupyter_gpusched.core.clock import ManualClock, SystemClock
 from jupyter_gpusched.core.errors import BackendError, InvalidSpecError, NodeRefusedError
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job, JobSpec, Placement
 
 pytestmark = pytest.mark.asyncio

@@ -22,11 +22,11 @@ from _fixtures_scheduler import (
     memory_scheduler,
 )
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.cluster.memory import Run
 from jupyter_gpusched.cluster.sim.specs import SimNodeSpec
 from jupyter_gpusched.core import policy, windows
 from jupyter_gpusched.core.errors import InfeasibleError, UnavailableError
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobKind, JobState, parse_spec
 from jupyter_gpusched.packing import packer
 

@@ -25,10 +25,10 @@ from _fixtures_ssh import (
     script_job,
 )
 
-from jupyter_gpusched.cluster.base import GpuProcess
 from jupyter_gpusched.cluster.ssh import NodeConfig, SshBackend
 from jupyter_gpusched.core.clock import ManualClock
 from jupyter_gpusched.core.errors import BackendError, HostKeyError
+from jupyter_gpusched.core.inventory import GpuProcess
 from jupyter_gpusched.core.models import Placement
 
 UUIDS = [g["uuid"] for g in gpu_state(4)["gpus"]]

@@ -1,9 +1,10 @@
 """``jupyter gpusched demo``: a short workload end to end on the embedded simulated cluster.
 
-Starts the simulated nodes (real SSH servers on loopback, real processes), a scheduler on a
-temporary store, and submits a small mix: scripts on different GPU counts, a shared GPU, one
-that fails, one that is cancelled, and a batch job the day window holds back. Prints the
-queue as it moves and a text cluster map; exits 0 only when everything behaved as expected.
+Starts the simulated nodes (real SSH servers on loopback, real processes) and a scheduler on a
+temporary store, composed beside the server (:mod:`jupyter_gpusched.server.embedded`), and
+submits a small mix: scripts on different GPU counts, a shared GPU, one that fails, one that
+is cancelled, and a batch job the day window holds back. Prints the queue as it moves and a
+text cluster map; exits 0 only when everything behaved as expected.
 """
 
 from __future__ import annotations
@@ -17,13 +18,9 @@ from pathlib import Path
 
 from traitlets import Bool, Float
 
-from jupyter_gpusched.cluster.sim.cluster import SimCluster
-from jupyter_gpusched.cluster.ssh import SshBackend
-from jupyter_gpusched.core.clock import OffsetClock, SystemClock
+from jupyter_gpusched.core.clock import OffsetClock
 from jupyter_gpusched.core.models import Job, JobState, parse_spec
-from jupyter_gpusched.core.windows import PolicyConfig
-from jupyter_gpusched.scheduling.scheduler import Scheduler
-from jupyter_gpusched.store.store import Store
+from jupyter_gpusched.server.embedded import Embedded, embedded
 
 from .base import GpuSchedCommand
 from .formats import format_cluster, format_queue
@@ -142,23 +139,14 @@ async def run_demo(
     write = out.write  # type: ignore[attr-defined]
     result = DemoResult()
     with tempfile.TemporaryDirectory(prefix="gpusched-demo-") as tmp:
-        root = base_dir or Path(tmp)
-        sim = SimCluster(base_dir=root / "sim")
-        nodes = await sim.start()
-        clock = OffsetClock(DEMO_START)
-        store = Store(f"sqlite:///{root / 'gpusched.db'}", clock=clock)
-        backend = SshBackend(nodes, clock=SystemClock())
-        sched = Scheduler(
-            store=store,
-            backend=backend,
-            policy=PolicyConfig(),
-            clock=clock,
+        async with embedded(
+            base_dir or Path(tmp),
+            clock=OffsetClock(DEMO_START),
             tick_interval_s=0.2,
             poll_interval_s=0.2,
             cancel_grace_s=2.0,
-        )
-        try:
-            await sched.start()
+        ) as stack:
+            sched, sim, nodes = stack.scheduler, stack.sim, stack.nodes
             write(
                 f"embedded cluster: {len(nodes)} simulated nodes on 127.0.0.1 "
                 f"(ports {', '.join(str(sim.port(n.name)) for n in nodes)})\n\n"
@@ -169,12 +157,8 @@ async def run_demo(
                 ids[job.key] = sched.submit(
                     parse_spec({"kind": "script", **job.spec}, user="demo")
                 ).id
-            await _watch(sched, ids, result, write, timeout_s)
+            await _watch(stack, ids, result, write, timeout_s)
             write("\n" + format_cluster(sched.cluster_view()) + "\n")
-        finally:
-            await sched.stop()
-            store.close()
-            await sim.stop(kill_jobs=True)
     for job in WORKLOAD:
         got = result.final.get(job.key)
         if got is None or got.state is not job.expect:
@@ -186,8 +170,9 @@ async def run_demo(
 
 
 async def _watch(
-    sched: Scheduler, ids: dict[str, int], result: DemoResult, write: object, timeout_s: float
+    stack: Embedded, ids: dict[str, int], result: DemoResult, write: object, timeout_s: float
 ) -> None:
+    sched = stack.scheduler
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last_table = ""

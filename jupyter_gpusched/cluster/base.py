@@ -1,6 +1,8 @@
 """The interface every cluster backend (local, ssh, sim) offers the scheduler.
 
 Plain dataclasses in, plain dataclasses out: the scheduler never sees asyncssh or pynvml.
+What a node has (``NodeInventory``, ``GpuInfo``, ``GpuProcess``) is plain data the pure packer
+reads too, so it lives in :mod:`jupyter_gpusched.core.inventory`; a backend imports it there.
 """
 
 from __future__ import annotations
@@ -10,51 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job, Placement
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A compute process seen on a GPU by NVML / nvidia-smi."""
-
-    pid: int
-    used_mem_mb: float
-    name: str = ""
-    job_id: int | None = None  # the gpusched job it belongs to; None = someone else's
-    user: str | None = None  # the account it runs as, when its job could not be read
-
-    @property
-    def foreign(self) -> bool:
-        """True when the scheduler did not start this process: its GPU counts as occupied."""
-        return self.job_id is None
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU as the node's agent reports it."""
-
-    index: int
-    uuid: str
-    model: str  # short model name, e.g. "A100-80GB", "V100-32GB", "T4"
-    mem_total_mb: float
-    mem_used_mb: float = 0.0
-    util_pct: float = 0.0
-    power_w: float | None = None
-    nvlink_peers: tuple[int, ...] = ()  # indices of GPUs reachable over NVLink
-    processes: tuple[GpuProcess, ...] = ()
-
-
-@dataclass(frozen=True)
-class NodeInventory:
-    """What one node has, as of ``probed_at``."""
-
-    name: str
-    gpus: tuple[GpuInfo, ...]
-    cpus: float
-    mem_gb: float
-    up: bool = True
-    error: str | None = None  # why the node is down / the probe failed
-    probed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,10 @@ from typing import Any
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import BackendError, InvalidSpecError, NodeRefusedError
+from jupyter_gpusched.core.inventory import GpuInfo, GpuProcess, NodeInventory
 from jupyter_gpusched.core.models import Job, Placement
 
-from .base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
+from .base import JobStatus, LaunchResult
 from .sim.specs import DEFAULT_SIM_NODES, SimNodeSpec, gpu_state
 
 __all__ = ["Launch", "MemoryBackend", "Run"]

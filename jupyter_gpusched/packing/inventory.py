@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core.errors import GpuSchedError
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job, JobSpec
 
 from . import packer

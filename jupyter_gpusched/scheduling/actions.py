@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core import api, policy, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
@@ -27,6 +27,7 @@ from jupyter_gpusched.core.errors import (
     TooManyError,
 )
 from jupyter_gpusched.core.estimates import StartEstimate
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.limits import RETRY_AFTER_S, UserLimits, refusal
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,

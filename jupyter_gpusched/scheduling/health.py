@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.packing import packer
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core import api
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job
 
 #: Most samples one series answers (older ones are merged into buckets).

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core import policy, windows
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job
 from jupyter_gpusched.packing import packer
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 
-from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import ACTIVE_STATES
 from jupyter_gpusched.packing.inventory import attribute_processes
 from jupyter_gpusched.store.store import Store

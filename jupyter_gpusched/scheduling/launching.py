@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import (
     AccountError,
@@ -32,6 +32,7 @@ from jupyter_gpusched.core.errors import (
     GpuSchedError,
     NodeRefusedError,
 )
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobKind, JobState, Placement
 from jupyter_gpusched.core.units import format_duration_s
 from jupyter_gpusched.packing.packer import PackReply

@@ -15,9 +15,10 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core import backfill, estimates, policy, windows
 from jupyter_gpusched.core.clock import Clock
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,
     Job,

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from jupyter_gpusched.cluster.base import Backend, NodeInventory
+from jupyter_gpusched.cluster.base import Backend
 from jupyter_gpusched.core import api, windows
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.estimates import StartEstimate
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.limits import UserLimits
 from jupyter_gpusched.core.models import (
     ACTIVE_STATES,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from jupyter_gpusched.cluster.base import GpuInfo, NodeInventory
 from jupyter_gpusched.core import api, windows
+from jupyter_gpusched.core.inventory import GpuInfo, NodeInventory
 from jupyter_gpusched.core.models import Job, PriorityClass
 from jupyter_gpusched.packing import packer
 

@@ -15,8 +15,8 @@ from datetime import datetime
 
 import numpy as np
 
-from jupyter_gpusched.cluster.base import NodeInventory
 from jupyter_gpusched.core import estimates
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.models import Job, JobSpec, Placement
 from jupyter_gpusched.core.units import format_size_gb
 from jupyter_gpusched.packing import packer

@@ -62,7 +62,8 @@ async def build_scheduler(app: GpuSchedApp) -> tuple[Any, SimCluster | None]:
 def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     from jupyter_gpusched.store.engine import exposure
     from jupyter_gpusched.store.idempotency import KeyPurge
-    from jupyter_gpusched.store.store import Store
+
+    from .embedded import compose
 
     for warning in exposure(app.store_url):  # a store made before it was created private
         app.log.warning("gpusched | %s", warning)
@@ -73,11 +74,12 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     backend = app.backend_class(
         node_configs, clock=clock, inventory_interval_s=app.inventory_interval_s, **extra
     )
-    scheduler = app.scheduler_class(
-        store=Store(app.store_url, clock=clock),
+    scheduler = compose(
+        store_url=app.store_url,
         backend=backend,
-        policy=GpuSchedPolicy(parent=app).to_policy_config(service=app.mode == "service"),
         clock=clock,
+        policy=GpuSchedPolicy(parent=app).to_policy_config(service=app.mode == "service"),
+        scheduler_class=app.scheduler_class,
         packer_policy=app.packer_policy,
         tick_interval_s=app.tick_interval_s,
         poll_interval_s=app.poll_interval_s,

@@ -32,11 +32,12 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
+from jupyter_gpusched.core.inventory import GpuInfo, GpuProcess, NodeInventory
 from jupyter_gpusched.core.models import Job, JobKind, Placement
 from jupyter_gpusched.node.jobs import PARAMETERS_ENV, PARAMETERS_FILE
 from jupyter_gpusched.node.kernel import KERNEL_IP_ENV
 
-from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
+from ..base import JobStatus, LaunchResult
 from ..ssh.config import NodeConfig, RemoteResult
 from . import commands
 from .access import SharedFiles, run_local

@@ -28,10 +28,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_gpusched.core.errors import BackendError, NodeRefusedError
+from jupyter_gpusched.core.inventory import GpuInfo, GpuProcess, NodeInventory
 from jupyter_gpusched.core.models import Job, Placement
 from jupyter_gpusched.node.agent import SERVED
 
-from ..base import GpuInfo, GpuProcess, JobStatus, LaunchResult, NodeInventory
+from ..base import JobStatus, LaunchResult
 from .owners import command_line, sudo_refused
 from .pool import _Node, open_process
 from .serving import ServingPool

@@ -27,9 +27,9 @@ import asyncssh
 
 from jupyter_gpusched.core.clock import Clock
 from jupyter_gpusched.core.errors import AccountError, BackendError, HostKeyError
+from jupyter_gpusched.core.inventory import NodeInventory
 from jupyter_gpusched.core.units import format_duration_s
 
-from ..base import NodeInventory
 from ..portforward import Forwarder, ProcessForward
 from .config import Forward, NodeConfig, RemoteResult
 from .owners import check_user, command_line, login_of, sudo_refused, user_keys
