@@ -8,8 +8,10 @@ logged and counts as run, so one bad hook cannot stop the loop or the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from jupyter_gpusched.core.errors import UnavailableError
 from jupyter_gpusched.core.models import TERMINAL_STATES, Job
@@ -21,6 +23,10 @@ log = logging.getLogger(__name__)
 EndHook = Callable[[Job], Awaitable[None]]
 #: The handle flag that says a job's end hooks ran.
 DONE_FLAG = "ended_hooks_done"
+#: How far back a start looks for jobs whose hooks did not run (no server ran when they
+#: ended): a longer outage than this leaves older jobs' hooks unrun (their outputs stay on
+#: the node). Bounded so that a start reads the recent past, not the whole history.
+CATCH_UP = timedelta(days=30)
 
 
 class EndHooks:
@@ -45,7 +51,18 @@ class EndHooks:
         if not self.hooks:
             return
         if self._backlog is None:  # first round after a start: catch up on a crash
-            self._backlog = set(self.store.ended_without(DONE_FLAG))
+            # a month of ended jobs: read off the loop, so the API answers meanwhile; jobs
+            # that end while it reads join the backlog as they end
+            since = self.store.clock.now() - CATCH_UP
+            backlog = self._backlog = set()
+            try:
+                found = await asyncio.to_thread(self.store.ended_without, DONE_FLAG, since=since)
+            except BaseException:
+                self._backlog = None  # read again next round
+                raise
+            if self._backlog is not backlog:
+                return  # forgotten meanwhile (leadership changed): the next round reads again
+            backlog.update(found)
         pending, self._backlog = self._backlog, set()
         todo = sorted(pending)
         for n, job_id in enumerate(todo):

@@ -171,14 +171,38 @@ class StoreTokenIdentityProvider(_TokenOnlyIdentityProvider):
     #: while it cannot tell -- the store not open yet, or away -- never calling a valid token
     #: invalid (a 401 while the service started made clients drop valid tokens).
     lookup: Callable[[str], str | None] | None = None
+    cache_s = Float(
+        10.0,
+        help="Seconds a token's owner is remembered before the store is asked again: a "
+        "revoked token's requests are refused within this time (its open streams within "
+        "stream_recheck_s). 0 asks the store at every request.",
+    ).tag(config=True)
+    #: Most tokens remembered; the oldest answers go first.
+    CACHE_SIZE = 10_000
 
-    async def identify(self, token: str) -> GpuSchedUser | None:  # noqa: D102
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._known: dict[str, tuple[GpuSchedUser, float]] = {}  # token -> (owner, asked at)
+
+    async def identify(self, token: str) -> GpuSchedUser | None:
+        """The token's owner, remembered ``cache_s`` rather than read at every request."""
+        known = self._known.get(token)
+        if known is not None and time.monotonic() - known[1] < self.cache_s:
+            return known[0]
+        return await self.identify_now(token)
+
+    async def identify_now(self, token: str) -> GpuSchedUser | None:  # noqa: D102
         if self.lookup is None:  # the service has not wired its store in yet
             raise UnavailableError(STARTING, retry_after_s=1.0)
         name = self.lookup(token)
         if name is None:
+            self._known.pop(token, None)
             return None
-        return GpuSchedUser(username=name, gpusched_admin=name in self.admin_users)
+        user = GpuSchedUser(username=name, gpusched_admin=name in self.admin_users)
+        self._known[token] = (user, time.monotonic())
+        if len(self._known) > self.CACHE_SIZE:
+            del self._known[next(iter(self._known))]
+        return user
 
 
 class HubIdentityProvider(_TokenOnlyIdentityProvider):

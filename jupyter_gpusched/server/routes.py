@@ -114,7 +114,7 @@ ROUTES: tuple[Route, ...] = (
             Op(
                 "get",
                 "listJobs",
-                "List jobs (oldest first), filtered by state, user and kind.",
+                "List jobs (oldest first, or by `order`), filtered by state, user, kind and array.",
                 api.JobList,
                 (*_READ, 422),
                 ok_description="One page of jobs and how many match in all.",
@@ -130,6 +130,13 @@ ROUTES: tuple[Route, ...] = (
                         "array",
                         int_schema(0, api.MAX_ID),
                         "Only the jobs of this bulk submit (its `array_id`).",
+                    ),
+                    Param(
+                        "order",
+                        {"type": "string", "default": "id"},
+                        "Sort column: `id`, `submitted_at`, `state`, `user`, `priority`, "
+                        "`started_at` or `finished_at`; `-` in front for descending "
+                        "(`-id`: the newest first).",
                     ),
                     *_PAGE,
                 ),

@@ -104,7 +104,7 @@ class JobRow(Base):
     node: Mapped[str | None] = mapped_column(String(200), index=True)
     held: Mapped[bool] = mapped_column(Boolean)
     started_at: Mapped[datetime | None]
-    finished_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None] = mapped_column(index=True)  # history, catch-up
     last_activity_at: Mapped[datetime | None]
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(Text)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,10 @@ _TRANSITION_FIELDS = frozenset(
 _UPDATE_FIELDS = frozenset(
     {"spec", "held", "handle", "last_activity_at", "reason", "placement", "exit_code", "attempt"}
 )
+#: How long after its submit a job row is surely committed, and how often the kept count of
+#: all rows is redone (see ``Store._all_rows``).
+_SETTLE = timedelta(minutes=5)
+_RECOUNT = timedelta(minutes=10)
 _ORDERS = {
     "id": JobRow.id,
     "submitted_at": JobRow.submitted_at,
@@ -152,6 +156,7 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
         self._reads = sessionmaker(reads, expire_on_commit=False)
         self._cache = JobCache()
         self._usage_kept = {}  # see UsageLedger
+        self._kept_count: tuple[int, int, datetime] | None = None  # see _all_rows
         # Writers take SQLite's write lock at BEGIN (see the module docstring).
         self._writes = sessionmaker(
             self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
@@ -286,10 +291,39 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
                 total = offset + len(keys) if keys or not offset else None
             else:
                 total = None
-            if total is None:
+            if total is None and not conditions:
+                total = self._all_rows(s)
+            elif total is None:
                 total = s.scalar(select(func.count()).select_from(JobRow).where(*conditions)) or 0
             jobs = self._jobs_of(s, keys, shared=shared)
         return [jobs[i] for i, _ in keys], total
+
+    def _all_rows(self, s: Session) -> int:
+        """How many jobs the store holds, without counting a year of them at every read.
+
+        Rows are never deleted, so the count of those up to a settled id is kept, and only
+        the newer ones are counted (a range of the primary key). Settled: submitted longer
+        ago than :data:`_SETTLE` -- on PostgreSQL ids can commit out of order, never that
+        late. The kept count is redone every :data:`_RECOUNT` (it is a backstop, not the
+        truth).
+        """
+        now = self._clock.now()
+        kept = self._kept_count
+        if kept is None or now - kept[2] > _RECOUNT:
+            settled = s.scalar(
+                select(JobRow.id)
+                .where(JobRow.submitted_at < now - _SETTLE)
+                .order_by(JobRow.submitted_at.desc())
+                .limit(1)
+            )
+            if settled is None:
+                kept = (0, 0, now)
+            else:
+                count = select(func.count()).select_from(JobRow).where(JobRow.id <= settled)
+                kept = (settled, s.scalar(count) or 0, now)
+            self._kept_count = kept
+        newer = select(func.count()).select_from(JobRow).where(JobRow.id > kept[0])
+        return kept[1] + (s.scalar(newer) or 0)
 
     def live_counts(self, user: str) -> tuple[int, int]:
         """``user``'s queued jobs, and their leases queued, starting or running.
@@ -375,18 +409,22 @@ class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, Idem
             found = self._jobs_of(s, keys)
         return [found[i] for i, _ in keys]
 
-    def ended_without(self, flag: str) -> list[int]:
-        """Ids of jobs that ran and ended whose handle lacks ``flag``, oldest first.
+    def ended_without(self, flag: str, *, since: datetime) -> list[int]:
+        """Ids of jobs that ran and ended after ``since`` whose handle lacks ``flag``.
 
-        For a step every ended job gets once (the end hooks): asked at start-up, when the
-        whole history (every job the lab ever ran) would otherwise be read to find a few.
+        For a step every ended job gets once (the end hooks), asked at start-up: a range of
+        the ``finished_at`` index, so a year of history is not read to find the few that
+        ended while no server ran.
         """
         terminal = [x.value for x in TERMINAL_STATES]
         query = select(JobRow.id).where(
+            JobRow.finished_at >= since,
             JobRow.state.in_(terminal),
             JobRow.started_at.is_not(None),
             JobRow.handle[flag].as_string().is_(None),
         )
+        # SQLite, without statistics, would take the state index: every ended job of the year.
+        query = query.with_hint(JobRow, "INDEXED BY ix_jobs_finished_at", "sqlite")
         with self.read_session() as s:
             return list(s.scalars(query.order_by(JobRow.id)))
 

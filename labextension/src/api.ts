@@ -99,9 +99,18 @@ export class GpuschedClient {
     return this.json<ICluster>('cluster');
   }
 
-  /** `GET jobs`: the newest `limit` jobs of everyone (the panel filters "mine" itself). */
+  /**
+   * Everyone's live jobs and the newest `limit` jobs, newest first (the panel filters "mine"
+   * itself). Two pages: with a year of history the newest page alone would leave out a job
+   * that still runs after `limit` newer ones, and the oldest-first page would be last year's.
+   */
   async jobs(limit = 200): Promise<IJob[]> {
-    return (await this.json<{ jobs: IJob[] }>('jobs', {}, { limit })).jobs;
+    const [live, newest] = await Promise.all([
+      this.json<{ jobs: IJob[] }>('jobs', {}, { state: 'queued,starting,running', limit }),
+      this.json<{ jobs: IJob[] }>('jobs', {}, { order: '-id', limit })
+    ]);
+    const byId = new Map([...live.jobs, ...newest.jobs].map(j => [j.id, j]));
+    return [...byId.values()].sort((a, b) => b.id - a.id);
   }
 
   /**

@@ -234,7 +234,8 @@ export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): 
     // preempted one is told by the kernel's own notification (./kernelnotify.ts)
     return null;
   }
-  if (job.id < gate.oldestLoadedId || gate.atLoad.get(job.id) === event.to_state) {
+  const loaded = gate.atLoad.get(job.id);
+  if ((job.id < gate.oldestLoadedId && loaded === undefined) || loaded === event.to_state) {
     return null;
   }
   const name =
@@ -251,9 +252,13 @@ export function noticeFor(event: IEvent, me: string | null, gate: INoticeGate): 
   return output ? { jobId: job.id, level, message, output } : { jobId: job.id, level, message };
 }
 
-/** The notice gate for a first `GET jobs` answer of at most `limit` jobs. */
+/**
+ * The notice gate for a first load of the newest `limit` jobs (and the live ones, which may
+ * be older): below the `limit`-th newest id only the jobs loaded were seen.
+ */
 export function noticeGate(jobs: IJob[], limit: number): INoticeGate {
   const atLoad = new Map(jobs.map(j => [j.id, j.state] as [number, JobState]));
-  const oldest = jobs.length >= limit ? Math.min(...jobs.map(j => j.id)) : 0;
+  const ids = jobs.map(j => j.id).sort((a, b) => b - a);
+  const oldest = ids.length >= limit ? ids[limit - 1] : 0;
   return { atLoad, oldestLoadedId: oldest };
 }

@@ -114,6 +114,18 @@ describe('noticeFor', () => {
     const full = noticeGate([job(50), job(51)], 2);
     expect(noticeFor(finished('succeeded'), 'alice', full)).toBeNull();
   });
+
+  it('tells the end of a live job older than the newest page, not of history beside it', () => {
+    // the newest two jobs (60, 61) and job 5, loaded because it still ran
+    const loaded = noticeGate([job(61), job(60), job(5, { state: 'running' })], 2);
+    expect(noticeFor(finished('succeeded'), 'alice', loaded)).not.toBeNull();
+    const other = {
+      ...finished('succeeded'),
+      job_id: 6,
+      job: { ...finished('succeeded').job!, id: 6 }
+    };
+    expect(noticeFor(other, 'alice', loaded)).toBeNull();
+  });
 });
 
 describe('the executed notebook of a notebook job', () => {

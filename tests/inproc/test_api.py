@@ -111,6 +111,9 @@ async def test_list_filters_by_state_user_and_kind_and_pages(gpusched: ApiClient
     assert [j["id"] for j in page["jobs"]] == [mine[0]["id"], mine[1]["id"]]
     rest = await gpusched.json("GET", "jobs", params={"user": "me", "limit": 2, "offset": 2})
     assert [j["id"] for j in rest["jobs"]] == [mine[2]["id"]]
+    newest = await gpusched.json("GET", "jobs", params={"order": "-id", "limit": 2})
+    assert [j["id"] for j in newest["jobs"]] == [theirs["id"], mine[2]["id"]]
+    assert newest["total"] == 4
     bobs = await gpusched.json("GET", "jobs", params={"user": "bob"})
     assert [j["id"] for j in bobs["jobs"]] == [theirs["id"]]
     queued = await gpusched.json("GET", "jobs", params={"state": "queued,running"})
@@ -127,6 +130,7 @@ async def test_list_filters_by_state_user_and_kind_and_pages(gpusched: ApiClient
         ({"limit": "ten"}, "limit"),
         ({"limit": 100000}, "limit"),
         ({"offset": -1}, "offset"),
+        ({"order": "age"}, "order"),
     ],
 )
 async def test_bad_query_arguments_are_422_naming_the_argument(

@@ -53,7 +53,7 @@ class JobsHandler(ApiHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        """List jobs, newest first, filtered by state, user and kind."""
+        """A page of jobs by state, user, kind and array; oldest first unless ``order``."""
         sched = await self.scheduler()
         states = None
         if (text := self.query("state")) is not None:
@@ -72,6 +72,7 @@ class JobsHandler(ApiHandler):
             array_id=None if array is None else self.query_int("array", 0, 0, MAX_ID),
             limit=limit,
             offset=offset,
+            order=self.query("order") or "id",
         )
         views = [sched.job_view(j, self.viewer) for j in jobs]
         self.write_model(JobList(jobs=views, total=total, limit=limit, offset=offset))
