@@ -741,3 +741,26 @@ def test_the_total_of_all_jobs_stays_exact_while_the_older_part_is_counted_once(
         clock.advance(240)  # rows settle, then the kept count is redone
     assert totals == [3, 6, 9, 12, 15, 18]
     assert store.list_jobs(states=[S.QUEUED], limit=1)[1] == 18
+
+
+def test_compaction_drops_only_the_commentary_of_jobs_ended_long_ago(
+    store: Store, clock: ManualClock
+) -> None:
+    def waited_and_ended() -> int:
+        job_id = store.add_job(script()).id
+        store.set_reasons({job_id: "waiting: no GPU free"})
+        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+        return job_id
+
+    old = waited_and_ended()
+    clock.advance(40 * 86400)
+    recent, live = waited_and_ended(), store.add_job(script()).id
+    store.set_reasons({live: "waiting: no GPU free"})
+    kinds = {j: [e.kind for e in store.list_events(job_id=j)] for j in (old, recent, live)}
+    assert kinds[old] == kinds[recent] == ["submitted", "waiting", "state"]
+
+    assert store.compact_events(clock.now() - timedelta(days=30), batch=1) == 1
+    assert [e.kind for e in store.list_events(job_id=old)] == ["submitted", "state"]
+    for job_id in (recent, live):
+        assert [e.kind for e in store.list_events(job_id=job_id)] == kinds[job_id]
+    assert store.compact_events(clock.now() - timedelta(days=30)) == 0

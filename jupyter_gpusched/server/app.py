@@ -184,6 +184,14 @@ class GpuSchedApp(ExtensionApp):
         help="""Largest request body the API reads, in bytes; larger ones are refused with 413.
         The default leaves room for a job's uploaded files (64 MB, base64-encoded).""",
     ).tag(config=True)
+    event_commentary_keep_days = Float(
+        30.0,
+        min=0.0,
+        help="""Days after a job ended that its running commentary is kept in the event log:
+        the waiting reasons each pass gave it and a notebook's cell progress. Its submit,
+        state changes and kills stay for good. The leader drops older commentary hourly;
+        0 keeps everything.""",
+    ).tag(config=True)
     idempotency_keep_s = Float(
         86400.0,
         min=1.0,

@@ -7,6 +7,7 @@ neither, the embedded simulated cluster starts and the backend reaches its loopb
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ async def build_scheduler(app: GpuSchedApp) -> tuple[Any, SimCluster | None]:
 
 def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
     from jupyter_gpusched.store.engine import exposure
+    from jupyter_gpusched.store.eventlog import EventCompaction
     from jupyter_gpusched.store.idempotency import KeyPurge
 
     from .embedded import compose
@@ -94,6 +96,9 @@ def _scheduler(app: GpuSchedApp, node_configs: list[Any]) -> Any:
         plugin.install(scheduler, backend)  # before start: reattached jobs need their kind
     app.settings["gpusched_gate"].watch(scheduler)  # uploads of ended jobs are removed
     scheduler.tick_hooks.append(KeyPurge(scheduler.store, app.idempotency_keep_s))
+    if app.event_commentary_keep_days:
+        keep = timedelta(days=app.event_commentary_keep_days)
+        scheduler.tick_hooks.append(EventCompaction(scheduler.store, keep))
     if "leases" in app.plugins:
         from jupyter_gpusched.leases.bridge import bridge_for
 
