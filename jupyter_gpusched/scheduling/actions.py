@@ -156,6 +156,8 @@ class JobActions:
         if limits.queued_jobs is None and (limits.leases is None or not leases):
             return
         queued, live_leases = self.store.live_counts(mine.user)
+        if limits.queued_jobs is not None:  # an array's pending tasks count as queued jobs
+            queued += self.store.pending_tasks(mine.user)
         pending_leases = self._submitting.get((mine.user, True), 0)
         queued += self._submitting.get((mine.user, False), 0) + pending_leases
         live_leases += pending_leases
