@@ -217,7 +217,10 @@ class ArrayView(Body):
 
     id: int = Field(description="the array's id: its task 0's job id (`ID_7` is task 7)")
     user: str
-    name: str | None = Field(description="its jobs' name")
+    spec: JobSpec = Field(
+        description="its tasks' spec, without their array labels (another user's without env "
+        "values or parameters)"
+    )
     submitted_at: datetime
     size: int = Field(ge=1, description="tasks in all")
     pending: int = Field(ge=0, description="tasks not yet made into jobs nor cancelled")

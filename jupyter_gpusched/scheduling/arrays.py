@@ -18,7 +18,7 @@ from datetime import datetime
 from jupyter_gpusched.core import api
 from jupyter_gpusched.core.errors import ForbiddenError, NotFoundError
 from jupyter_gpusched.core.models import ACTIVE_STATES, Job, JobSpec, JobState
-from jupyter_gpusched.core.privacy import Viewer
+from jupyter_gpusched.core.privacy import Viewer, public_spec
 from jupyter_gpusched.packing import packer
 from jupyter_gpusched.packing.inventory import pack_request
 from jupyter_gpusched.store.arrays import ArrayRecord, range_label
@@ -145,7 +145,7 @@ class ArrayWork:
                 api.ArrayView(
                     id=record.id,
                     user=record.user,
-                    name=None if hidden else record.spec.name,
+                    spec=public_spec(record.spec) if hidden else record.spec,
                     submitted_at=record.submitted_at,
                     size=record.size,
                     pending=record.pending,
