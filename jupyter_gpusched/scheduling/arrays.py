@@ -107,8 +107,17 @@ class ArrayWork:
                 return
 
     def _fits(self, state: packer.ClusterState, spec: JobSpec, most: int) -> int:
-        """How many tasks of ``spec`` the free capacity of ``state`` holds (taken from it)."""
+        """How many tasks of ``spec`` the free capacity of ``state`` holds (taken from it).
+
+        Whole GPUs on any node, nothing else asked: counted from the free GPUs per node at
+        once (at most a few too many, when CPUs or memory run out first: those wait in line).
+        Else packed one by one, as the pass would.
+        """
         request = pack_request(spec)
+        if request.gpus and request.gpu_share == 1.0 and request.gpu_mem_gb is None:
+            if not request.models and not request.cpus and not request.mem_gb:
+                whole = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
+                return min(most, int((whole.sum(axis=1) // request.gpus).sum()))
         fits = 0
         while fits < most:
             reply = packer.pack(state, request, policy=self.packer_policy)
