@@ -77,11 +77,14 @@ def test_expanding_makes_the_next_tasks_jobs_and_advances_the_array_together(
     record, _ = store.add_array(spec(gpus=1), 10)
     assert store.cancel_pending_task(record.id, 2)
     assert not store.cancel_pending_task(record.id, 0)  # a job already: cancelled as one
+    store._clock.advance(600)  # type: ignore[attr-defined]
 
     made = store.expand_array(record.id, 3)
 
     assert [j.spec.labels["array_index"] for j in made] == ["1", "3", "4"]  # 2 was cancelled
     assert all(j.spec.env["GPUSCHED_ARRAY_ID"] == str(record.id) for j in made)
+    # submitted when the array was: they keep its place in first-come order
+    assert {j.submitted_at for j in store.get_jobs(j.id for j in made).values()} == {MONDAY_9AM}
     got = store.get_array(record.id)
     assert got is not None and (got.next_index, got.pending) == (5, 5)
     assert store.array_task_id(record.id, 4) == made[-1].id

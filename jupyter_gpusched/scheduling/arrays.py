@@ -8,11 +8,15 @@ shape, plus one so that a task always waits in line for the array (its place, re
 expected start are the pending part's), at most :data:`EXPAND_PER_PASS`. The pass then weighs
 and places them as any queued job, in fair-share order with everyone else's: an array's tasks
 place as fast as single jobs, and a queue of 100,000 pending tasks costs a pass a few rows.
+Each array is weighed against the whole free capacity, not what the arrays before it would
+take: with several arrays waiting, each has enough tasks in line for the pass's fair-share
+order (not the arrays' ids) to pick whose tasks start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager as ContextManager
 from datetime import datetime
 
 from jupyter_gpusched.core import api
@@ -43,6 +47,9 @@ class ArrayWork:
     admins: frozenset[str]
 
     def _admit(self, spec: JobSpec) -> None:
+        raise NotImplementedError  # the scheduler's (JobActions)
+
+    def _incoming(self, specs: Sequence[JobSpec], copies: int = 1) -> ContextManager[None]:
         raise NotImplementedError  # the scheduler's (JobActions)
 
     def _cluster_state(
@@ -77,7 +84,8 @@ class ArrayWork:
         Admitted once, as one job of it; ``claim``: the request's idempotency key.
         """
         self._admit(spec)
-        made = await off_the_loop(self.store.add_array, spec, size, claim)
+        with self._incoming([spec], size):  # counted by the queued-job limit meanwhile
+            made = await off_the_loop(self.store.add_array, spec, size, claim)
         self.wake_for_new()
         return made
 
@@ -96,7 +104,7 @@ class ArrayWork:
                 fits = 0  # none starts before its time: one waits in line for it
             else:
                 if state is None:
-                    state = self._cluster_state()[0].copy()
+                    state = self._cluster_state()[0]
                 fits = self._fits(state, record.spec, min(budget, record.pending) + queued)
             count = min(fits + EXPAND_MARGIN - queued, record.pending, budget)
             if count <= 0:
@@ -107,7 +115,7 @@ class ArrayWork:
                 return
 
     def _fits(self, state: packer.ClusterState, spec: JobSpec, most: int) -> int:
-        """How many tasks of ``spec`` the free capacity of ``state`` holds (taken from it).
+        """How many tasks of ``spec`` the free capacity of ``state`` holds, up to ``most``.
 
         Whole GPUs on any node, nothing else asked: counted from the free GPUs per node at
         once (at most a few too many, when CPUs or memory run out first: those wait in line).
@@ -118,6 +126,7 @@ class ArrayWork:
             if not request.models and not request.cpus and not request.mem_gb:
                 whole = (state.gm == packer.MILLI) & state.valid & state.node_up[:, None]
                 return min(most, int((whole.sum(axis=1) // request.gpus).sum()))
+        state = state.copy()  # taken from a copy: the next array weighs the same capacity
         fits = 0
         while fits < most:
             reply = packer.pack(state, request, policy=self.packer_policy)

@@ -205,7 +205,8 @@ class Arrays:
         The rows and the array's new ``next_index`` commit in one transaction (the array row
         is locked first): each task is made exactly once, whoever else writes meanwhile.
         """
-        now = self._clock.now()
+        if count <= 0:
+            return []
         with self.write_session() as s:
             row = s.execute(
                 select(JobArrayRow).where(JobArrayRow.id == array_id).with_for_update()
@@ -221,7 +222,9 @@ class Arrays:
                 index += 1
             while index < record.size and index in record.cancelled:
                 index += 1  # cancelled tasks right after the last made are passed too
-            specs, values = task_values(record.spec, array_id, indices, now)
+            # submitted when the array was, as Slurm's array tasks are: they keep its place
+            # in first-come order against jobs submitted since
+            specs, values = task_values(record.spec, array_id, indices, record.submitted_at)
             ids = insert_queued_rows(s, values) if values else []
             s.execute(
                 update(JobArrayRow)
