@@ -100,8 +100,11 @@ def accept_slurm(cluster: object, size: int) -> float:
     return took_s
 
 
-def start_slurm(base: Path, size: int) -> object | None:
-    """A one-node Slurm that takes arrays of ``size``; None when Slurm is not installed."""
+def start_slurm(base: Path, size: int, rounds: int) -> object | None:
+    """A one-node Slurm that takes ``rounds`` arrays of ``size``; None without Slurm.
+
+    A pending array is one record, but ``MaxJobCount`` counts each of its tasks.
+    """
     from _fixtures_slurm import SlurmCluster, slurm_missing_reason
 
     if (why := slurm_missing_reason()) is not None:
@@ -112,7 +115,7 @@ def start_slurm(base: Path, size: int) -> object | None:
         def _write_config(self, cpus: int, mem_mb: int) -> None:
             super()._write_config(cpus, mem_mb)
             with self.conf.open("a") as conf:
-                conf.write(f"MaxArraySize={size + 1}\nMaxJobCount={max(10_000, 2 * size + 10)}\n")
+                conf.write(f"MaxArraySize={size + 1}\nMaxJobCount={(rounds + 2) * size}\n")
 
     return BigArrays(base).start()
 
@@ -121,7 +124,7 @@ def bench_accept(args: argparse.Namespace) -> None:
     print(f"## accept: array of {args.size:,} tasks, {args.rounds} alternating rounds")
     root = Path(tempfile.mkdtemp(prefix="gpusched-arrays-"))
     proc, url, _ = start_server(root / "server")
-    cluster = None if args.no_slurm else start_slurm(root / "slurm", args.size)
+    cluster = None if args.no_slurm else start_slurm(root / "slurm", args.size, args.rounds)
     ours: list[float] = []
     theirs: list[float] = []
     try:
