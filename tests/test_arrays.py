@@ -165,6 +165,24 @@ async def test_an_array_is_made_jobs_as_the_cluster_can_hold_them_and_all_run(
 
 
 @pytest.mark.asyncio
+async def test_two_users_arrays_each_get_tasks_in_line_for_fair_share_to_choose(
+    tmp_path: Path,
+) -> None:
+    async with memory_scheduler(tmp_path, nodes=SMALL, start=SATURDAY_NIGHT) as h:
+        await h.drive()
+        # CPUs asked too: each task is packed as the pass would (not counted by free GPUs)
+        first, _ = await h.sched.submit_array(spec("alice", gpus=1, cpus=2), 20)
+        second, _ = await h.sched.submit_array(spec("bob", gpus=1, cpus=2), 20)
+        await h.sched.tick()
+        made = {r.id: h.sched.list_jobs(array_id=r.id, limit=None)[1] for r in (first, second)}
+        # each weighed against the 4 free GPUs (not what the older array would take): both
+        # have 4 + 1 tasks in line, and the pass's fair-share order chose among them
+        assert made == {first.id: 5, second.id: 5}
+        running, _ = h.sched.list_jobs(states=[JobState.STARTING, JobState.RUNNING], limit=None)
+        assert len(running) == 4
+
+
+@pytest.mark.asyncio
 async def test_cancel_one_pending_task_and_then_the_whole_array(tmp_path: Path) -> None:
     async with memory_scheduler(tmp_path, nodes=SMALL, start=SATURDAY_NIGHT) as h:
         await h.drive()
