@@ -139,28 +139,47 @@ def test_submit_array_runs_each_task_with_its_index_then_queue_and_cancel_by_arr
     )
     assert (code, err) == (0, "")
     array_id = int(out.split()[2].rstrip(":"))
-    assert out == f"submitted array {array_id}: 3 jobs {array_id}..{array_id + 2} (queued)\n"
+    assert out.startswith(f"submitted array {array_id}: 3 tasks {array_id}_[0-2] (queued;")
     client = GpuSchedClient(discovered.url, discovered.token)
-    tasks = client.list_jobs(array=array_id).jobs
-    assert [j.id for j in tasks] == [array_id, array_id + 1, array_id + 2]
-    for i, job in enumerate(tasks):
+    tasks = wait_for(
+        lambda: client.list_jobs(array=array_id).jobs,
+        lambda jobs: len(jobs) == 3,
+        what="the array's tasks to be made jobs",
+    )
+    for job in tasks:
         assert wait_state(client, job.id, "succeeded", "failed").state == "succeeded"
-        assert client.read_log(job.id)[0] == f"task {i}\n".encode()
+    for i in range(3):
+        code, out, err = run(capsys, "logs", f"{array_id}_{i}")
+        assert (code, out, err) == (0, f"task {i}\n", "")
 
-    code, out, _ = run(capsys, "submit", "--array", "2", "--at", FAR_FUTURE, "--", "true")
+    code, out, _ = run(capsys, "submit", "--array", "5", "--at", FAR_FUTURE, "--", "true")
     waits = int(out.split()[2].rstrip(":"))
     code, out, _ = run(capsys, "queue", "--array", str(waits))
     table = out.partition("\n\nwaiting:")[0]  # the rows; why each waits comes below
-    assert [r.split()[:2] for r in table.splitlines()[1:]] == [
-        [str(waits), f"({waits}_0)"],
-        [str(waits + 1), f"({waits}_1)"],
-    ]
+    first, pending = (r.split() for r in table.splitlines()[1:])
+    assert first[:2] == [str(waits), f"({waits}_0)"]
+    assert pending[0] == f"{waits}_[1-4]" and "pending" in pending  # one line for the rest
+    code, out, err = run(capsys, "logs", f"{waits}_3")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"jupyter gpusched logs: task {waits}_3 has not started: it waits with its array's "
+        "pending tasks (2 of them before it); it becomes a job when the scheduler can place it\n"
+    )
+    code, out, _ = run(capsys, "cancel", f"{waits}_2")
+    assert (code, out) == (0, f"task {waits}_2 was cancelled before it started\n")
+    code, out, _ = run(capsys, "queue", "--array", str(waits))
+    assert f"{waits}_[1,3-4]" in out
     assert run(capsys, "cancel", "--array", str(waits)) == (
         0,
-        f"job {waits} cancelled\njob {waits + 1} cancelled\n",
+        f"array {waits}: 3 pending tasks cancelled, 1 jobs cancelled\n",
         "",
     )
-    assert run(capsys, "cancel", "--array", str(waits)) == (0, f"array {waits}: no live jobs\n", "")
+    assert client.get_job(waits).state == "cancelled"
+    assert run(capsys, "cancel", "--array", str(waits)) == (
+        0,
+        f"array {waits}: 0 pending tasks cancelled, 0 jobs cancelled\n",
+        "",
+    )
 
 
 def test_nodes_prints_a_line_per_node_and_a_glyph_per_gpu(
@@ -297,9 +316,9 @@ def test_format_cluster_marks_shared_down_and_foreign_gpus() -> None:
         (["submit", "--mem", "lots", "--", "x"], "write it like 16G"),
         (["submit", "--env", "NOVALUE", "--", "x"], "NAME=VALUE"),
         (["logs"], "required"),
-        (["cancel", "x"], "'x' is not a whole number"),
+        (["cancel", "x"], "'x' is neither a job id nor an array task like 123_7"),
         (["queue", "extra"], "unrecognized arguments: extra"),
-        (["submit", "--array", "0", "--", "x"], "--array: from 1 to 10000 tasks, got 0"),
+        (["submit", "--array", "0", "--", "x"], "--array: from 1 to 10000000 tasks, got 0"),
         (["submit", "--array", "-2", "--", "x"], "argument --array: must be 0 or more"),
         (["cancel"], "the following arguments are required: ID"),
         (["frobnicate"], "unknown command 'frobnicate'"),

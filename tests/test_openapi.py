@@ -21,10 +21,10 @@ def test_the_committed_openapi_file_is_generated_from_the_models() -> None:
 def test_every_served_route_and_method_is_documented_and_nothing_else() -> None:
     import yaml
 
-    from jupyter_gpusched.server.handlers import cluster, jobs, leases, notebooks
+    from jupyter_gpusched.server.handlers import arrays, cluster, jobs, leases, notebooks
 
     served = set()
-    for module in (jobs, cluster, leases, notebooks):
+    for module in (jobs, arrays, cluster, leases, notebooks):
         for pattern, handler in module.handlers:
             path = "/" + re.sub(r"\(\[\^/\]\+\)", "{id}", pattern)
             for method in METHODS:

@@ -290,6 +290,27 @@ def job_ids(args: list[str]) -> list[int]:
     return ids
 
 
+#: A positional id: a job's, or task M of array N written ``N_M`` (as Slurm writes it).
+TaskId = int | tuple[int, int]
+
+
+def task_ids(args: list[str]) -> list[TaskId]:
+    """Positional job ids, or array tasks as ``ID_INDEX`` (``123_7``)."""
+    ids: list[TaskId] = []
+    for arg in args:
+        head, sep, tail = arg.partition("_")
+        if sep and head.isdigit() and tail.isdigit():
+            ids.append((int(head), int(tail)))
+            continue
+        try:
+            ids.append(int(arg))
+        except ValueError:
+            raise UsageError(
+                f"argument ID: {arg!r} is neither a job id nor an array task like 123_7"
+            ) from None
+    return ids
+
+
 def run_command(app_class: type[JupyterApp], argv: list[str], **attrs: Any) -> int:
     """Run one command in this process; its exit status (for ``main`` and tests).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from jupyter_gpusched.core.api import Cluster, Definition, Gpu, JobView
+from jupyter_gpusched.core.api import ArrayView, Cluster, Definition, Gpu, JobView
 from jupyter_gpusched.core.figures import (
     clock_label,
     fragmentation_text,
@@ -39,9 +39,13 @@ def format_queue(
     total: int | None = None,
     now: datetime | None = None,
     tz: tzinfo | None = None,
+    arrays: list[ArrayView] | None = None,
 ) -> str:
-    """The ``queue`` table, then why each waiting job waits and when it should start."""
-    if not jobs:
+    """The ``queue`` table, then why each waiting job waits and when it should start.
+
+    ``arrays``: arrays with pending tasks, one line each (``123_[8-99999]``, as squeue shows).
+    """
+    if not jobs and not arrays:
         return "no jobs"
     now, tz = now or datetime.now(UTC), tz or local_tz()
     header = ("ID", "USER", "KIND", "STATE", "GPUS", "NODE", "AGE", "WHAT", "WHY")
@@ -71,6 +75,13 @@ def format_queue(
                 _clip(why, 60),
             )
         )
+    for array in arrays or ():
+        rows.append(_array_row(array, now))
+        waiting.append(
+            f"array {_array_label(array)}: {array.pending} tasks wait with task "
+            f"{array.id}'s reason: "
+            f"{(array.reason or 'no reason yet').removeprefix('waiting: ')}"
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if total is not None and total > len(jobs):
@@ -78,6 +89,28 @@ def format_queue(
     if waiting:
         lines += ["", "waiting:", *(f"  {line}" for line in waiting)]
     return "\n".join(lines)
+
+
+def _array_label(array: ArrayView) -> str:
+    """``123_[8-99999]``: the array's pending tasks, as squeue shows them."""
+    return f"{array.id}_[{array.pending_range}]"
+
+
+def _array_row(array: ArrayView, now: datetime) -> tuple[str, ...]:
+    """The one line of an array's pending tasks in the queue table."""
+    spec = array.spec
+    what = spec.name or " ".join(spec.command or []) or spec.notebook or ""
+    return (
+        _array_label(array),
+        array.user,
+        spec.kind.value,
+        "pending",
+        gpus_label(spec.gpus, spec.gpu_share, spec.gpu_mem_gb),
+        "",
+        runtime_label(max(0.0, (now - array.submitted_at).total_seconds())),
+        _clip(what, 30),
+        f"{array.pending} tasks",
+    )
 
 
 def waiting_line(job: JobView, now: datetime, tz: tzinfo) -> str:

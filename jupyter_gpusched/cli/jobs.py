@@ -15,16 +15,16 @@ from typing import Any, ClassVar
 from traitlets import Bool, Unicode
 
 from jupyter_gpusched.client.options import missing_script, request_fields
-from jupyter_gpusched.core.api import MAX_ARRAY, MAX_LIMIT
+from jupyter_gpusched.core.api import MAX_ARRAY_TASKS, MAX_LIMIT
 
 from .base import (
     Count,
     GpuSchedCommand,
     UsageError,
-    job_ids,
     option_aliases,
     option_flags,
     option_trait,
+    task_ids,
 )
 
 
@@ -120,8 +120,8 @@ class SubmitApp(JobOptions):
         files = [os.path.abspath(f) for f in self.staged_files] or None
         extra = {"workdir": workdir, "files": files}
         self.spec.update({k: v for k, v in extra.items() if v is not None})
-        if self.array is not None and not 1 <= self.array <= MAX_ARRAY:
-            raise UsageError(f"--array: from 1 to {MAX_ARRAY} tasks, got {self.array}")
+        if self.array is not None and not 1 <= self.array <= MAX_ARRAY_TASKS:
+            raise UsageError(f"--array: from 1 to {MAX_ARRAY_TASKS} tasks, got {self.array}")
 
     def run(self) -> int:
         """Submit; say which job (or array of jobs) it became, where it stands, what was staged."""
@@ -135,10 +135,10 @@ class SubmitApp(JobOptions):
             if self.json:
                 print(jobs.model_dump_json(indent=2))
             else:
-                last = jobs.jobs[-1].id
                 print(
-                    f"submitted array {jobs.array_id}: {len(jobs.jobs)} jobs "
-                    f"{jobs.array_id}..{last} (queued)"
+                    f"submitted array {jobs.array_id}: {jobs.size} tasks "
+                    f"{jobs.array_id}_[0-{jobs.size - 1}] (queued; each becomes a job as it can "
+                    f"start); follow one: jupyter gpusched logs {jobs.array_id}_0 -f"
                 )
             return 0
         job = self.client().submit(self.spec)
@@ -225,48 +225,66 @@ class QueueApp(GpuSchedCommand):
         print(
             page.model_dump_json(indent=2)
             if self.json
-            else format_queue(page.jobs, total=page.total)
+            else format_queue(page.jobs, total=page.total, arrays=page.arrays)
         )
         return 0
 
 
 class CancelApp(GpuSchedCommand):
-    """``cancel ID...``: cancel queued or running jobs (``--array ID``: an array's)."""
+    """``cancel ID...``: cancel queued or running jobs (``ID_7``: a task; ``--array ID``)."""
 
     command = "cancel"
     description = (
-        "Cancel queued or running jobs: jupyter gpusched cancel ID [ID ...], or every live "
-        "job of an array: jupyter gpusched cancel --array ID."
+        "Cancel queued or running jobs: jupyter gpusched cancel ID [ID ...] (ID_7: task 7 of "
+        "array ID), or a whole array: jupyter gpusched cancel --array ID."
     )
 
-    array = Count(None, allow_none=True, help="Cancel every live job of this array.").tag(
-        config=True
-    )
+    array = Count(None, allow_none=True, help="Cancel every task of this array.").tag(config=True)
     aliases = {**GpuSchedCommand.aliases, "array": "CancelApp.array"}
 
     def check(self) -> None:  # noqa: D102
-        self.ids = job_ids(self.positional("ID", at_least=0 if self.array is not None else 1))
+        self.ids = task_ids(self.positional("ID", at_least=0 if self.array is not None else 1))
 
     def run(self) -> int:
-        """Cancel each job in turn; stop at the first refusal."""
+        """Cancel each job or task in turn; stop at the first refusal."""
+        from jupyter_gpusched.client.api import ApiError
+
         client = self.client()
         ids = list(self.ids)
         if self.array is not None:
-            live = "queued,starting,running,preempted,lost"
-            page = client.list_jobs(state=live, array=self.array, limit=MAX_LIMIT)
-            while page.jobs:
-                ids.extend(j.id for j in page.jobs)
-                if len(ids) >= page.total:
-                    break
-                page = client.list_jobs(
-                    state=live, array=self.array, limit=MAX_LIMIT, offset=len(ids)
+            try:
+                done = client.cancel_array(self.array)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                ids.extend(self._list_bulk(client))  # a list's jobs: no array record
+            else:
+                print(
+                    f"array {self.array}: {done.pending} pending tasks cancelled, "
+                    f"{len(done.jobs)} jobs cancelled"
                 )
-            if not ids:
-                print(f"array {self.array}: no live jobs")
         for job_id in ids:
+            if isinstance(job_id, tuple):
+                task = client.cancel_array_task(*job_id)
+                print(task.detail)
+                continue
             job = client.cancel(job_id)
             print(f"job {job.id} {job.state.value}")
         return 0
+
+    def _list_bulk(self, client: Any) -> list[int]:
+        """The live jobs of a list submitted in bulk (its ``array_id``)."""
+        live = "queued,starting,running,preempted,lost"
+        ids: list[int] = []
+        page = client.list_jobs(state=live, array=self.array, limit=MAX_LIMIT)
+        while page.jobs:
+            ids.extend(j.id for j in page.jobs)
+            if len(ids) >= page.total:
+                break
+            page = client.list_jobs(state=live, array=self.array, limit=MAX_LIMIT, offset=len(ids))
+        if not ids:
+            print(f"array {self.array}: no live jobs")
+        return ids
 
 
 class LogsApp(GpuSchedCommand):
@@ -288,13 +306,19 @@ class LogsApp(GpuSchedCommand):
     }
 
     def check(self) -> None:  # noqa: D102
-        (self.job_id,) = job_ids(self.positional("ID", at_least=1, at_most=1))
+        (self.job_id,) = task_ids(self.positional("ID", at_least=1, at_most=1))
 
     def run(self) -> int:
         """Copy the log to stdout, as bytes, without a notebook job's progress lines."""
         from jupyter_gpusched.core.progress import ProgressFilter
 
         client = self.client()
+        if isinstance(self.job_id, tuple):  # an array's task: its job, once it was made
+            task = client.array_task(*self.job_id)
+            if task.job is None:
+                print(f"{self.prog}: {task.detail}", file=sys.stderr)
+                return 1
+            self.job_id = task.job.id
         out = sys.stdout.buffer
         shown = ProgressFilter()
         if self.follow:

@@ -28,6 +28,9 @@ from pydantic import BaseModel
 
 from jupyter_gpusched.client import transport
 from jupyter_gpusched.core.api import (
+    ArrayCancelled,
+    ArrayTask,
+    ArrayView,
     Cluster,
     Definition,
     DefinitionList,
@@ -249,6 +252,22 @@ class GpuSchedClient:
         query = {"state": state, "user": user, "kind": kind, "array": array}
         query.update(limit=limit, offset=offset)
         return self._model(JobList, "GET", "jobs", query=query)
+
+    def get_array(self, array_id: int) -> ArrayView:
+        """An ``array: N`` submit: size, pending range, its tasks' counts by state."""
+        return self._model(ArrayView, "GET", f"arrays/{int(array_id)}")
+
+    def array_task(self, array_id: int, index: int) -> ArrayTask:
+        """Task ``index`` of an array (``ID_7``): its job once made, or that it waits."""
+        return self._model(ArrayTask, "GET", f"arrays/{int(array_id)}/tasks/{int(index)}")
+
+    def cancel_array(self, array_id: int) -> ArrayCancelled:
+        """Cancel a whole array: its pending tasks and its live tasks' jobs."""
+        return self._model(ArrayCancelled, "DELETE", f"arrays/{int(array_id)}")
+
+    def cancel_array_task(self, array_id: int, index: int) -> ArrayTask:
+        """Cancel one task of an array; a pending one never starts."""
+        return self._model(ArrayTask, "DELETE", f"arrays/{int(array_id)}/tasks/{int(index)}")
 
     def get_job(self, job_id: int) -> JobView:
         """One job."""

@@ -291,8 +291,9 @@ class GpuMagics(Magics):
         if args.array is not None:
             jobs = self.leases.call(self.client.submit_array, args.array, spec)
             print(
-                f"%gpu: submitted array {jobs.array_id}: {len(jobs.jobs)} jobs "
-                f"{jobs.array_id}..{jobs.jobs[-1].id}; follow one with %gpu logs ID"
+                f"%gpu: submitted array {jobs.array_id}: {jobs.size} tasks "
+                f"{jobs.array_id}_[0-{jobs.size - 1}], each a job once it can start; list "
+                f"them with jupyter gpusched queue --array {jobs.array_id}"
             )
             return None
         job: JobView = self.leases.call(self.client.submit, spec)

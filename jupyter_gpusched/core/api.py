@@ -54,8 +54,11 @@ MAX_LOG_CHUNK = 1 << 20
 MAX_OFFSET = 2**53
 #: Largest job or definition id (SQL BIGINT).
 MAX_ID = 2**63 - 1
-#: Most jobs one ``POST jobs`` creates (an array's N, or a list's length).
+#: Most jobs one ``POST jobs`` with a list creates (each is written as a row of its own).
 MAX_ARRAY = 10_000
+#: Most tasks of one ``array: N``: the contract's bound (one record, expanded as tasks start;
+#: the per-user ``array_size`` limit is what a lab sets below it).
+MAX_ARRAY_TASKS = 10_000_000
 #: Longest first pause before a failed notebook job is submitted again (doubling each retry).
 MAX_RETRY_BACKOFF_S = 86400.0
 
@@ -195,14 +198,59 @@ class JobView(JobRecord):
 
 
 class JobArray(Body):
-    """Answer of a bulk ``POST jobs`` (a list, or ``array: N``): every job it queued.
+    """Answer of a bulk ``POST jobs`` (a list, or ``array: N``): the array and its first jobs.
 
     The jobs carry the labels ``array_id`` (the first job's id) and ``array_index`` (0-based),
-    and see both as ``$GPUSCHED_ARRAY_ID`` and ``$GPUSCHED_ARRAY_INDEX``.
+    and see both as ``$GPUSCHED_ARRAY_ID`` and ``$GPUSCHED_ARRAY_INDEX``. An ``array: N`` is
+    one record until its tasks start (as Slurm keeps arrays): ``jobs`` holds the tasks made so
+    far (task 0 at submit), ``pending`` counts the rest.
     """
 
     array_id: int = Field(description="id of the first job; `GET jobs?array=` lists them all")
-    jobs: list[JobView] = Field(description="in index order")
+    size: int = Field(0, ge=0, description="tasks in all")
+    pending: int = Field(0, ge=0, description="tasks not yet made into jobs (waiting to start)")
+    jobs: list[JobView] = Field(description="the tasks made into jobs so far, in index order")
+
+
+class ArrayView(Body):
+    """A job array kept as one record: its tasks become jobs as the scheduler places them."""
+
+    id: int = Field(description="the array's id: its task 0's job id (`ID_7` is task 7)")
+    user: str
+    spec: JobSpec = Field(
+        description="its tasks' spec, without their array labels (another user's without env "
+        "values or parameters)"
+    )
+    submitted_at: datetime
+    size: int = Field(ge=1, description="tasks in all")
+    pending: int = Field(ge=0, description="tasks not yet made into jobs nor cancelled")
+    pending_range: str = Field(
+        description="the pending tasks' indices as Slurm shows them (`8-99999`, `3,9-20`)"
+    )
+    counts: dict[str, int] = Field(description="its tasks made into jobs, by state")
+    cancelled: int = Field(ge=0, description="pending tasks cancelled before they started")
+    reason: str | None = Field(description="why its pending tasks wait (its queued task's)")
+    estimated_start: datetime | None = Field(
+        description="when its next task is expected to start (its queued task's)"
+    )
+
+
+class ArrayCancelled(Body):
+    """Answer of ``DELETE arrays/{id}``: the array after, and what was cancelled."""
+
+    array: ArrayView
+    pending: int = Field(ge=0, description="pending tasks cancelled (they never start)")
+    jobs: list[int] = Field(description="ids of the tasks' jobs cancelled or stopped")
+
+
+class ArrayTask(Body):
+    """One task of an array: its job once it was made, or why there is none yet."""
+
+    array_id: int
+    index: int = Field(ge=0)
+    state: str = Field(description="the job's state, or `pending` / `cancelled` before it")
+    job: JobView | None = Field(description="its job, once the scheduler made it")
+    detail: str = Field(description="one line saying where the task stands")
 
 
 class JobList(Body):
@@ -212,6 +260,9 @@ class JobList(Body):
     total: int = Field(ge=0)
     limit: int
     offset: int
+    arrays: list[ArrayView] = Field(
+        [], description="arrays with pending tasks (not in `jobs` until they start)"
+    )
 
 
 class JobUpdate(BaseModel):
@@ -450,7 +501,7 @@ class JobPost(JobSubmission):
     array: int | None = Field(
         None,
         ge=1,
-        le=MAX_ARRAY,
+        le=MAX_ARRAY_TASKS,
         description="queue this many copies as one array (answered as `JobArray`); each "
         "sees its index in `$GPUSCHED_ARRAY_INDEX`",
     )

@@ -117,13 +117,14 @@ class JobActions:
             return await self._group.submit(spec, claim)
 
     @contextlib.contextmanager
-    def _incoming(self, specs: Sequence[JobSpec]) -> Iterator[None]:
-        """Count ``specs`` as on their way into the queue while the block runs.
+    def _incoming(self, specs: Sequence[JobSpec], copies: int = 1) -> Iterator[None]:
+        """Count ``specs`` (each ``copies`` times: an array) as on their way into the queue.
 
         :meth:`check_room` adds them to what the store counts: entered before the first await
         (the check just before saw nothing of them), so two submits at once cannot both pass.
         """
         counts = Counter((spec.user, spec.kind is JobKind.LEASE) for spec in specs)
+        counts = Counter({key: n * copies for key, n in counts.items()})
         for key, n in counts.items():
             self._submitting[key] = self._submitting.get(key, 0) + n
         try:
@@ -156,6 +157,8 @@ class JobActions:
         if limits.queued_jobs is None and (limits.leases is None or not leases):
             return
         queued, live_leases = self.store.live_counts(mine.user)
+        if limits.queued_jobs is not None:  # an array's pending tasks count as queued jobs
+            queued += self.store.pending_tasks(mine.user)
         pending_leases = self._submitting.get((mine.user, True), 0)
         queued += self._submitting.get((mine.user, False), 0) + pending_leases
         live_leases += pending_leases

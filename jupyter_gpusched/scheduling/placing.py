@@ -88,12 +88,16 @@ class Placing:
     ) -> tuple[packer.ClusterState, dict[str, int]]:
         raise NotImplementedError  # the scheduler's
 
+    async def _expand_arrays(self, now: datetime) -> None:
+        raise NotImplementedError  # :mod:`.arrays`
+
     async def _schedule(self, now: datetime, active: windows.ActiveWindow) -> None:
         """One placing pass; the waiting reasons it finds are written together at its end.
 
         When only submissions happened since the last full pass, and no waiting job's time
         came, it weighs just the new jobs (:mod:`.increments`); otherwise the whole queue.
         """
+        await self._expand_arrays(now)  # the array tasks that could start become jobs
         full, self._need_full = self._need_full, False
         self._reasons = {}
         try:

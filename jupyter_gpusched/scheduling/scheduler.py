@@ -42,6 +42,7 @@ from jupyter_gpusched.store.store import Store
 from jupyter_gpusched.store.writer import StoreWriter, usable_for
 
 from .actions import JobActions
+from .arrays import ArrayWork
 from .endhooks import EndHook, EndHooks
 from .events import EventHub
 from .health import NO_NODE, NodeHealth, NodeWatch
@@ -72,7 +73,7 @@ def script_command(job: Job) -> Sequence[str]:
     return job.spec.command
 
 
-class Scheduler(JobActions, Placing, Inventorying):
+class Scheduler(JobActions, ArrayWork, Placing, Inventorying):
     """One cluster queue. All public methods are safe to call from request handlers."""
 
     def __init__(

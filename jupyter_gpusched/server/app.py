@@ -328,7 +328,7 @@ class GpuSchedApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         """Mount the REST and websocket routes, the plugins' routes before the catch-all 404."""
-        from .handlers import cluster, events, jobs
+        from .handlers import arrays, cluster, events, jobs
         from .handlers.base import NO_ROUTE
 
         if self.mode == "client":
@@ -336,7 +336,7 @@ class GpuSchedApp(ExtensionApp):
 
             self.handlers.extend(client_mode.handlers)
             return
-        routes = [*jobs.handlers, *cluster.handlers, *events.handlers]
+        routes = [*jobs.handlers, *arrays.handlers, *cluster.handlers, *events.handlers]
         for plugin in self.plugin_modules():
             routes.extend(plugin.handlers)
         self.handlers.extend([*routes, NO_ROUTE])

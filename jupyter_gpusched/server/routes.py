@@ -129,7 +129,7 @@ ROUTES: tuple[Route, ...] = (
                     Param(
                         "array",
                         int_schema(0, api.MAX_ID),
-                        "Only the jobs of this bulk submit (its `array_id`).",
+                        "Only the jobs of this bulk submit or array (its `array_id`).",
                     ),
                     Param(
                         "order",
@@ -152,15 +152,18 @@ ROUTES: tuple[Route, ...] = (
                 body=(api.JobPost, api.JobPostList),
                 location="the new job, `{base_url}gpusched/api/jobs/{id}`, or the jobs of a "
                 "bulk submit, `{base_url}gpusched/api/jobs?array={array_id}`",
-                description="The server sets `user`. A list of jobs, or one job with `array: "
-                f"N`, is a bulk submit of at most {api.MAX_ARRAY} jobs: all are queued or none "
-                "is (more than 500 are written in chunks, held until the last is in), and "
-                "each carries the labels `array_id` (the first "
-                "job's id) and `array_index` (0-based), also in its environment as "
-                "`$GPUSCHED_ARRAY_ID` and `$GPUSCHED_ARRAY_INDEX`. Past the caller's per-user "
-                "limits (`GpuSchedPolicy.limits`: queued jobs and leases, counting every job "
-                "of a bulk submit; upload bytes; submissions per second) it answers 429 with "
-                "`Retry-After`; a bulk submit larger than their `array_size`, 422.",
+                description="The server sets `user`. A list of jobs is a bulk submit of at "
+                f"most {api.MAX_ARRAY} jobs: all are queued or none is (more than 500 are "
+                "written in chunks, held until the last is in). One job with `array: N` is "
+                "kept as one record (`arrays/{array_id}`) whose tasks become jobs as the "
+                "scheduler can place them; the answer holds task 0 and counts the rest as "
+                "`pending`. Every task carries the labels `array_id` (task 0's job id) and "
+                "`array_index` (0-based), also in its environment as `$GPUSCHED_ARRAY_ID` and "
+                "`$GPUSCHED_ARRAY_INDEX`. Past the caller's per-user limits "
+                "(`GpuSchedPolicy.limits`: queued jobs and leases, counting every job of a bulk "
+                "submit and every pending task of an array; upload bytes; submissions per "
+                "second) it answers 429 with `Retry-After`; a bulk submit or array larger "
+                "than their `array_size`, 422.",
             ),
         ),
     ),
@@ -261,6 +264,47 @@ ROUTES: tuple[Route, ...] = (
                 (*_READ, 422),
                 ok_description="Queued, starting and running leases.",
                 query=(Param("user", {"type": "string", "default": "me"}),),
+            ),
+        ),
+    ),
+    Route(
+        "/arrays/{array_id}",
+        (
+            Op(
+                "get",
+                "getArray",
+                "An `array: N` submit: its size, pending range, tasks by state, why it waits.",
+                api.ArrayView,
+                (*_READ, 404),
+            ),
+            Op(
+                "delete",
+                "cancelArray",
+                "Cancel a whole array: its pending tasks at once and its live tasks' jobs "
+                "(owner or admin).",
+                api.ArrayCancelled,
+                (*_READ, 404, 409, 502),
+                ok_description="The array after, and what was cancelled.",
+            ),
+        ),
+    ),
+    Route(
+        "/arrays/{array_id}/tasks/{index}",
+        (
+            Op(
+                "get",
+                "getArrayTask",
+                "Task `index` of an array (`ID_7`): its job once made, or that it waits.",
+                api.ArrayTask,
+                (*_READ, 404),
+            ),
+            Op(
+                "delete",
+                "cancelArrayTask",
+                "Cancel one task: a pending one never becomes a job (owner or admin).",
+                api.ArrayTask,
+                (*_READ, 404, 409, 502),
+                ok_description="The task after.",
             ),
         ),
     ),

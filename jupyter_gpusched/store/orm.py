@@ -91,6 +91,7 @@ class JobRow(Base):
             sqlite_where=text("reason IS NULL"),
             postgresql_where=text("reason IS NULL"),
         ),
+        Index("ix_jobs_array_id_array_index", "array_id", "array_index"),
         {"sqlite_autoincrement": True},
     )
 
@@ -116,6 +117,8 @@ class JobRow(Base):
     # that cannot start soon (a far not_before), an array is found by its id.
     not_before: Mapped[datetime | None] = mapped_column(index=True)
     array_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    # A task's index in its array: ``ID_7`` is found without reading the array's other rows.
+    array_index: Mapped[int | None] = mapped_column(Integer)
 
     __mapper_args__ = {"version_id_col": version}
 
@@ -263,3 +266,27 @@ class IdempotencyRow(Base):
     target: Mapped[str] = mapped_column(String(16))  # what it made: job, array or definition
     target_id: Mapped[int] = mapped_column(Integer)  # its id (an array's: its first job's)
     created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class JobArrayRow(Base):
+    """An ``array: N`` submit, one row until its tasks start (:mod:`.arrays`).
+
+    Its id is its task 0's job id (written as a job at submit), so arrays and jobs share one
+    id space. The scheduler makes tasks ``next_index`` onwards into job rows as it can place
+    them, advancing ``next_index`` in the same transaction: no task made twice or lost.
+    """
+
+    __tablename__ = "job_arrays"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer)  # bumped by every change
+    username: Mapped[str] = mapped_column(String(200), index=True)
+    spec: Mapped[dict[str, Any]]  # the tasks' spec, without their array labels
+    size: Mapped[int] = mapped_column(Integer)
+    next_index: Mapped[int] = mapped_column(Integer)  # the first task not yet made a job
+    # Tasks from next_index on, neither made nor cancelled: > 0 while the array has pending
+    # tasks (what a pass looks for, and what the queued-job limits count).
+    pending: Mapped[int] = mapped_column(Integer, index=True)
+    cancelled: Mapped[list[int]] = mapped_column(JSON)  # pending tasks cancelled one by one
+    cancelled_rest: Mapped[bool] = mapped_column(Boolean)  # all not yet made: cancelled
+    submitted_at: Mapped[datetime]

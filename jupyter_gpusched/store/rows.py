@@ -101,7 +101,7 @@ def add_job_rows(
         s.execute(
             update(jobs)
             .where(jobs.c.id == head)
-            .values(spec=head_json, array_id=head, version=jobs.c.version + 1)
+            .values(spec=head_json, array_id=head, array_index=0, version=jobs.c.version + 1)
         )
         values = [queued_values(spec, now, **hold) for spec in specs[1:]]
         ids = [head, *_insert_jobs(s, values)]
@@ -236,7 +236,8 @@ def spec_columns(spec: JobSpec) -> dict[str, Any]:
 
     Always both (every new row names the same columns: one batched statement).
     """
-    return {"not_before": spec.not_before, "array_id": (array_of(spec) or (None,))[0]}
+    array_id, index = array_of(spec) or (None, None)
+    return {"not_before": spec.not_before, "array_id": array_id, "array_index": index}
 
 
 def queued_job(

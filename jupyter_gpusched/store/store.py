@@ -61,6 +61,7 @@ from jupyter_gpusched.core.models import (
     stored_spec,
 )
 
+from .arrays import Arrays
 from .availability import Availability
 from .engine import (
     alembic_config,
@@ -127,7 +128,9 @@ _ORDERS = {
 }
 
 
-class Store(Submissions, WaitingReasons, UsageLedger, EventLog, NodeLedger, IdempotencyKeys):
+class Store(
+    Submissions, Arrays, WaitingReasons, UsageLedger, EventLog, NodeLedger, IdempotencyKeys
+):
     """Jobs, events, usage and node rows behind one object; each method is one transaction.
 
     Parameters

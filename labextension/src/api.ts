@@ -6,6 +6,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import {
   IApiError,
+  IArrayView,
   ICluster,
   IDefinition,
   IEvent,
@@ -105,12 +106,24 @@ export class GpuschedClient {
    * that still runs after `limit` newer ones, and the oldest-first page would be last year's.
    */
   async jobs(limit = 200): Promise<IJob[]> {
+    return (await this.jobsAndArrays(limit)).jobs;
+  }
+
+  /**
+   * {@link jobs}, with the arrays whose pending tasks are not jobs yet (one record each, as
+   * the live page lists them).
+   */
+  async jobsAndArrays(limit = 200): Promise<{ jobs: IJob[]; arrays: IArrayView[] }> {
+    type Page = { jobs: IJob[]; arrays?: IArrayView[] };
     const [live, newest] = await Promise.all([
-      this.json<{ jobs: IJob[] }>('jobs', {}, { state: 'queued,starting,running', limit }),
-      this.json<{ jobs: IJob[] }>('jobs', {}, { order: '-id', limit })
+      this.json<Page>('jobs', {}, { state: 'queued,starting,running', limit }),
+      this.json<Page>('jobs', {}, { order: '-id', limit })
     ]);
     const byId = new Map([...live.jobs, ...newest.jobs].map(j => [j.id, j]));
-    return [...byId.values()].sort((a, b) => b.id - a.id);
+    return {
+      jobs: [...byId.values()].sort((a, b) => b.id - a.id),
+      arrays: live.arrays ?? []
+    };
   }
 
   /**

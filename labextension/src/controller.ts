@@ -22,7 +22,7 @@ import {
   withJobs,
   withOutput
 } from './reducer';
-import { IDefinition, IEvent, IJob } from './types';
+import { IArrayView, IDefinition, IEvent, IJob } from './types';
 
 /** How many recent jobs the panel loads. */
 export const JOB_LIMIT = 200;
@@ -69,6 +69,12 @@ export class GpuschedModel implements IDisposable {
   constructor(readonly client: GpuschedClient) {}
 
   /** My user name as the scheduler records it, or null while unknown. */
+  /**
+   * Arrays with pending tasks, by id, as the last `GET jobs` listed them: a queued task of
+   * one shows how many wait behind it (they are not jobs until they can start).
+   */
+  arrays: ReadonlyMap<number, IArrayView> = new Map();
+
   me(): string | null {
     return this._me;
   }
@@ -109,12 +115,14 @@ export class GpuschedModel implements IDisposable {
     this._changed.emit();
     try {
       const since = this.state.lastEventId;
-      const [cluster, jobs, me] = await Promise.all([
+      const [cluster, page, me] = await Promise.all([
         this.client.cluster(),
-        this.client.jobs(JOB_LIMIT),
+        this.client.jobsAndArrays(JOB_LIMIT),
         this._me === null ? this.client.whoami() : Promise.resolve(this._me)
       ]);
+      const jobs = page.jobs;
       this._me = me;
+      this.arrays = arraysById(page.arrays);
       this.state = withJobs(withCluster(this.state, cluster), jobs, since);
       this._gate ??= noticeGate(jobs, JOB_LIMIT);
       this.status = 'ready';
@@ -161,7 +169,9 @@ export class GpuschedModel implements IDisposable {
   async reloadJobs(): Promise<void> {
     try {
       const since = this.state.lastEventId;
-      this.state = withJobs(this.state, await this.client.jobs(JOB_LIMIT), since);
+      const page = await this.client.jobsAndArrays(JOB_LIMIT);
+      this.arrays = arraysById(page.arrays);
+      this.state = withJobs(this.state, page.jobs, since);
       this._changed.emit();
     } catch (err) {
       console.warn('gpusched: jobs reload failed', err);
@@ -340,4 +350,9 @@ export class GpuschedModel implements IDisposable {
     this._pending.clear();
     Signal.clearData(this);
   }
+}
+
+/** Arrays by id. */
+function arraysById(arrays: IArrayView[]): Map<number, IArrayView> {
+  return new Map(arrays.map(a => [a.id, a] as [number, IArrayView]));
 }

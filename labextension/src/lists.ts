@@ -106,6 +106,16 @@ export function queueList(rows: IQueueRow[], all: boolean, act: IListActions): H
                 r.eta
               )
             : null,
+          r.arrayPending
+            ? h(
+                'span',
+                {
+                  className: 'jp-gpusched-array-pending',
+                  title: 'tasks of its array waiting behind it; each becomes a job as it can start'
+                },
+                r.arrayPending
+              )
+            : null,
           h('span', { className: 'jp-gpusched-where', title: 'node: GPUs' }, r.node),
           h('span', { className: 'jp-gpusched-size', title: 'GPUs requested' }, r.gpus),
           r.runtime

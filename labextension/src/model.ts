@@ -16,7 +16,7 @@ import {
   windowLine as formatWindowLine
 } from './format';
 import { outputNotebook } from './reducer';
-import { ICluster, IDefinition, IGpu, IJob, IJobSpec, INode, JobState } from './types';
+import { IArrayView, ICluster, IDefinition, IGpu, IJob, IJobSpec, INode, JobState } from './types';
 
 /** What one GPU cell of the map shows. */
 export interface IGpuCell {
@@ -180,6 +180,8 @@ export interface IQueueRow {
   hasLog: boolean;
   /** The executed notebook of a finished notebook job (server-root relative), or null. */
   output: string | null;
+  /** A queued array task's pending siblings: `array 12_[3-99999] · 99997 pending`, else ''. */
+  arrayPending: string;
 }
 
 const CANCELLABLE: readonly JobState[] = ['queued', 'starting', 'running', 'preempted', 'lost'];
@@ -206,7 +208,12 @@ export function leaseNotebook(job: Pick<IJob, 'spec'>): string | null {
 }
 
 /** The view model of one queue row, as seen by user `me` (null: unknown) at `nowMs`. */
-export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow {
+export function queueRow(
+  job: IJob,
+  nowMs: number,
+  me: string | null,
+  arrays: ReadonlyMap<number, IArrayView> = new Map()
+): IQueueRow {
   const p = job.placement;
   const spec = job.spec;
   const gpus = gpusLabel(spec);
@@ -233,8 +240,22 @@ export function queueRow(job: IJob, nowMs: number, me: string | null): IQueueRow
     reason: job.held ? `held${job.reason ? ` · ${job.reason}` : ''}` : (job.reason ?? ''),
     cancellable: CANCELLABLE.includes(job.state) && job.user === me,
     hasLog: job.started_at !== null || job.state === 'running',
-    output: outputNotebook(job)
+    output: outputNotebook(job),
+    arrayPending: arrayPending(job, arrays)
   };
+}
+
+/**
+ * `array 12_[3-99999] · 99997 pending` for a queued task of an array whose other tasks are
+ * not jobs yet (the array is one record until they can start), else ''.
+ */
+export function arrayPending(job: IJob, arrays: ReadonlyMap<number, IArrayView>): string {
+  const id = Number(job.spec.labels?.array_id);
+  const array = job.state === 'queued' && Number.isInteger(id) ? arrays.get(id) : undefined;
+  if (!array || array.pending === 0) {
+    return '';
+  }
+  return `array ${array.id}_[${array.pending_range}] · ${array.pending} pending`;
 }
 
 const STATE_ORDER: Record<JobState, number> = {

@@ -127,7 +127,7 @@ export class GpuschedPanel extends Widget {
     const me = m.me();
     const jobs = [...m.state.jobs.values()];
     const shown = filterJobs(queueJobs(jobs, this.scope, me), this.filter, this.cleared);
-    const rows = shown.slice(0, MAX_ROWS).map(j => queueRow(j, now, me));
+    const rows = shown.slice(0, MAX_ROWS).map(j => queueRow(j, now, me, m.arrays));
     const leases = myLeases(jobs, me).map(j => queueRow(j, now, me));
     this.update1(
       'free',

@@ -29,6 +29,8 @@ export type IJobSpec = Schemas['JobSpec'];
 export type IPlacement = Schemas['Placement'];
 /** A job as the API shows it. */
 export type IJob = Schemas['Job'];
+/** An `array: N` kept as one record until its tasks start. */
+export type IArrayView = Schemas['ArrayView'];
 /** One job holding (part of) a GPU. */
 export type IGpuJob = Schemas['GpuJob'];
 /** One GPU of the cluster map. */

@@ -10,6 +10,7 @@ function client(jobs: IJob[], mine: IJob[], definitions: IDefinition[] = []): Gp
   return {
     cluster: async () => cluster([node('a100-0', [gpu(0)])]),
     jobs: async () => jobs,
+    jobsAndArrays: async () => ({ jobs, arrays: [] }),
     whoami: async () => mine[0]?.user ?? null,
     definitions: async () => definitions
   } as unknown as GpuschedClient;
@@ -87,6 +88,7 @@ describe('GpuschedModel', () => {
         throw new GpuschedApiError(404, 'NotFound', 'no such route');
       },
       jobs: async () => [],
+      jobsAndArrays: async () => ({ jobs: [], arrays: [] }),
       whoami: async () => null
     } as unknown as GpuschedClient;
     const model = new GpuschedModel(failing);
@@ -158,6 +160,7 @@ describe('GpuschedModel keeps every row current', () => {
     const model = new GpuschedModel({
       cluster: async () => cluster([node('a100-1', [gpu(0), gpu(1)])]),
       jobs: async () => [running],
+      jobsAndArrays: async () => ({ jobs: [running], arrays: [] }),
       whoami: async () => 'root',
       definitions: async () => [],
       job: answer

@@ -12,6 +12,7 @@ import {
   runtimeS,
   windowLine
 } from '../src/model';
+import type { IArrayView, IJob } from '../src/types';
 import { cluster, gpu, job, node } from './fixtures';
 
 const NOW = Date.parse('2026-11-23T10:00:00Z');
@@ -310,5 +311,38 @@ describe('windowLine', () => {
     expect(windowLine(w, NOW)).toBe('day window until 20:00, then night');
     expect(windowLine({ name: 'always' }, NOW)).toBe('always window');
     expect(windowLine(null, NOW)).toBe('no policy window');
+  });
+});
+
+describe('arrays kept as one record', () => {
+  const array = {
+    id: 7,
+    user: 'alice',
+    spec: { kind: 'script', command: ['train'], gpus: 1 },
+    submitted_at: '2026-11-23T09:00:00+00:00',
+    size: 100000,
+    pending: 99990,
+    pending_range: '10-99999',
+    counts: { queued: 1, running: 9 },
+    cancelled: 0,
+    reason: 'waiting: no node has 1 GPU free',
+    estimated_start: null
+  } as unknown as IArrayView;
+  const arrays = new Map([[7, array]]);
+  const task = (state: IJob['state']) =>
+    job(17, {
+      state,
+      spec: { kind: 'script', gpus: 1, labels: { array_id: '7', array_index: '9' } }
+    });
+
+  it('shows on its queued task how many tasks wait behind it', () => {
+    expect(queueRow(task('queued'), NOW, 'alice', arrays).arrayPending).toBe(
+      'array 7_[10-99999] · 99990 pending'
+    );
+  });
+
+  it('shows nothing on a running task, nor without pending tasks', () => {
+    expect(queueRow(task('running'), NOW, 'alice', arrays).arrayPending).toBe('');
+    expect(queueRow(task('queued'), NOW, 'alice').arrayPending).toBe('');
   });
 });

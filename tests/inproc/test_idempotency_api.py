@@ -90,7 +90,10 @@ async def test_a_repeated_array_or_list_returns_the_same_array(
         assert replayed["array_id"] == made["array_id"]
         assert [j["id"] for j in replayed["jobs"]] == [j["id"] for j in made["jobs"]]
         assert again.headers["Location"] == first.headers["Location"]
-    assert len(stored_jobs(jp_serverapp)) == 5
+    # the array is one record and its task 0 (its tasks wait for a far time), the list 2 jobs
+    assert len(stored_jobs(jp_serverapp)) == 3
+    (array,) = scheduler(jp_serverapp).store.list_arrays(user="alice")
+    assert (array.size, array.pending) == (3, 2)
 
 
 async def test_the_same_key_with_another_request_is_refused_with_422(
@@ -143,14 +146,16 @@ async def test_a_repeat_while_the_array_is_still_being_written_gets_409_with_ret
 async def test_concurrent_repeats_of_a_big_array_make_one_array(
     gpusched: ApiClient, jp_serverapp: Any
 ) -> None:
-    body = {**JOB, "gpus": 0, "array": 1200}  # written in chunks: it is in flight a while
+    body = {**JOB, "gpus": 0, "array": 100_000}  # one record, however big
     answers = await asyncio.gather(
         *(gpusched.request("POST", "jobs", body=body, headers=keyed("race")) for _ in range(3))
     )
     assert sorted(r.code for r in answers)[0] == 201
     assert {r.code for r in answers} <= {201, 409}, [(r.code, r.body) for r in answers]
     arrays = {json.loads(r.body)["array_id"] for r in answers if r.code == 201}
-    assert len(arrays) == 1 and len(stored_jobs(jp_serverapp)) == 1200
+    assert len(arrays) == 1 and len(stored_jobs(jp_serverapp)) == 1  # its task 0
+    (array,) = scheduler(jp_serverapp).store.list_arrays(user="alice")
+    assert (array.id, array.size) == (arrays.pop(), 100_000)
 
 
 async def test_notebook_jobs_and_definitions_are_made_once_per_key(

@@ -15,6 +15,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_gpusched.batch.requests import script_start
 from jupyter_gpusched.core.api import (
     MAX_ARRAY,
+    MAX_ARRAY_TASKS,
     MAX_ID,
     MAX_LIMIT,
     MAX_LOG_CHUNK,
@@ -75,7 +76,16 @@ class JobsHandler(ApiHandler):
             order=self.query("order") or "id",
         )
         views = [sched.job_view(j, self.viewer) for j in jobs]
-        self.write_model(JobList(jobs=views, total=total, limit=limit, offset=offset))
+        arrays = []
+        if states is None or JobState.QUEUED in states:  # pending tasks wait as queued ones
+            found = sched.store.list_arrays(
+                user=user or None, ids=None if array is None else [int(array)], limit=100
+            )
+            found = [a for a in found if not kind or a.spec.kind.value == kind]
+            arrays = sched.array_views(found, self.viewer)
+        self.write_model(
+            JobList(jobs=views, total=total, limit=limit, offset=offset, arrays=arrays)
+        )
 
     @web.authenticated
     @authorized
@@ -121,13 +131,20 @@ class JobsHandler(ApiHandler):
             if count is None:
                 self._write_job(sched, await sched.submit_grouped(spec, claim))
                 return
-            jobs = await sched.submit_bulk([spec] * count, claim)
+            record, head = await sched.submit_array(spec, count, claim)
+            self._write_record(sched, record, [head])
+            return
         await self._write_array(sched, jobs)
 
     async def _replay(self, sched: Any, made: KeyRecord) -> None:
         """The answer of the submit that stored ``made``: its job, or its array, as now."""
         if made.target == "job":
             self._write_job(sched, sched.get_job(made.target_id))
+            return
+        record = await off_the_loop(sched.store.get_array, made.target_id)
+        if record is not None:  # an array: N, one record
+            jobs, _ = await off_the_loop(sched.list_jobs, array_id=made.target_id, limit=100)
+            self._write_record(sched, record, jobs)
             return
         jobs, _ = await off_the_loop(sched.list_jobs, array_id=made.target_id, limit=None)
         if jobs and jobs[0].held and jobs[0].reason == ARRAY_BEING_QUEUED:
@@ -195,6 +212,14 @@ class JobsHandler(ApiHandler):
         for pending in self._uploads:
             self.write_uploads(pending)
 
+    def _write_record(self, sched: Any, record: Any, jobs: list[Job]) -> None:
+        """The answer of an ``array: N`` submit: the array, and the tasks made so far."""
+        query = urllib.parse.urlencode({"array": record.id})
+        self.set_header("Location", url_path_join(self.base_url, API, "jobs") + "?" + query)
+        views = [sched.job_view(j, self.viewer) for j in jobs]
+        answer = JobArray(array_id=record.id, size=record.size, pending=record.pending, jobs=views)
+        self.write_model(answer, status=201)
+
     async def _write_array(self, sched: Any, jobs: list[Job]) -> None:
         array_id = jobs[0].id
         query = urllib.parse.urlencode({"array": array_id})
@@ -203,7 +228,8 @@ class JobsHandler(ApiHandler):
 
         def answer() -> bytes:
             views = [sched.job_view(j, viewer) for j in jobs]
-            return JobArray(array_id=array_id, jobs=views).model_dump_json().encode()
+            answer = JobArray(array_id=array_id, size=len(views), jobs=views)
+            return answer.model_dump_json().encode()
 
         # thousands of views are a fraction of a second: in a thread, so others go between
         body = answer() if len(jobs) <= 100 else await off_the_loop(answer)
@@ -225,12 +251,16 @@ def _start_at(body: dict[str, Any], sched: Any) -> None:
 
 
 def _check_array(count: Any) -> None:
-    """``array``: absent, or a whole number of tasks up to :data:`MAX_ARRAY`."""
+    """``array``: absent, or a whole number of tasks up to :data:`MAX_ARRAY_TASKS`.
+
+    The caller's ``array_size`` limit (checked before) is what a lab sets below that.
+    """
     if count is not None and (
-        isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ARRAY
+        isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ARRAY_TASKS
     ):
         raise InvalidSpecError(
-            "array", f"must be a whole number of tasks from 1 to {MAX_ARRAY}, got {count!r}"
+            "array",
+            f"must be a whole number of tasks from 1 to {MAX_ARRAY_TASKS}, got {count!r}",
         )
 
 
