@@ -113,8 +113,8 @@ _TRANSITION_FIELDS = frozenset(
 _UPDATE_FIELDS = frozenset(
     {"spec", "held", "handle", "last_activity_at", "reason", "placement", "exit_code", "attempt"}
 )
-#: How long after its submit a job row is surely committed, and how often the kept count of
-#: all rows is redone (see ``Store._all_rows``).
+#: How long after an id was the largest every smaller one has surely committed (PostgreSQL),
+#: and how often the kept count of all rows is redone (see ``Store._all_rows``).
 _SETTLE = timedelta(minutes=5)
 _RECOUNT = timedelta(minutes=10)
 _ORDERS = {
@@ -159,7 +159,9 @@ class Store(
         self._reads = sessionmaker(reads, expire_on_commit=False)
         self._cache = JobCache()
         self._usage_kept = {}  # see UsageLedger
-        self._kept_count: tuple[int, int, datetime] | None = None  # see _all_rows
+        # See _all_rows: (settled id, rows up to it, when counted); (largest id, seen at).
+        self._kept_count: tuple[int, int, datetime] | None = None
+        self._id_seen: tuple[int, datetime] | None = None
         # Writers take SQLite's write lock at BEGIN (see the module docstring).
         self._writes = sessionmaker(
             self._engine.execution_options(gpusched_begin="IMMEDIATE"), expire_on_commit=False
@@ -304,29 +306,24 @@ class Store(
     def _all_rows(self, s: Session) -> int:
         """How many jobs the store holds, without counting a year of them at every read.
 
-        Rows are never deleted, so the count of those up to a settled id is kept, and only
-        the newer ones are counted (a range of the primary key). Settled: submitted longer
-        ago than :data:`_SETTLE` -- on PostgreSQL ids can commit out of order, never that
-        late. The kept count is redone every :data:`_RECOUNT` (it is a backstop, not the
-        truth).
+        Rows are never deleted, so the count up to a settled id is kept and only the newer
+        rows are counted (a range of the primary key). An id is settled once every smaller id
+        has surely committed: at once on SQLite (one writer; ids grow), :data:`_SETTLE` after
+        it was the largest on PostgreSQL (ids there can commit out of order, never that
+        late). The kept count is redone every :data:`_RECOUNT`, a backstop.
         """
         now = self._clock.now()
-        kept = self._kept_count
-        if kept is None or now - kept[2] > _RECOUNT:
-            settled = s.scalar(
-                select(JobRow.id)
-                .where(JobRow.submitted_at < now - _SETTLE)
-                .order_by(JobRow.submitted_at.desc())
-                .limit(1)
-            )
-            if settled is None:
-                kept = (0, 0, now)
-            else:
-                count = select(func.count()).select_from(JobRow).where(JobRow.id <= settled)
-                kept = (settled, s.scalar(count) or 0, now)
-            self._kept_count = kept
-        newer = select(func.count()).select_from(JobRow).where(JobRow.id > kept[0])
-        return kept[1] + (s.scalar(newer) or 0)
+        settle = timedelta(0) if self.dialect == "sqlite" else _SETTLE
+        if self._id_seen is None:
+            self._id_seen = (s.scalar(select(func.max(JobRow.id))) or 0, now)
+        kept, (seen, seen_at) = self._kept_count, self._id_seen
+        if (kept is None or now - kept[2] > _RECOUNT) and now - seen_at >= settle:
+            count = select(func.count()).select_from(JobRow).where(JobRow.id <= seen)
+            kept = self._kept_count = (seen, s.scalar(count) or 0, now)
+            self._id_seen = None  # the next candidate is taken at the next read
+        base_id, base = (kept[0], kept[1]) if kept is not None else (0, 0)
+        newer = select(func.count()).select_from(JobRow).where(JobRow.id > base_id)
+        return base + (s.scalar(newer) or 0)
 
     def live_counts(self, user: str) -> tuple[int, int]:
         """``user``'s queued jobs, and their leases queued, starting or running.
