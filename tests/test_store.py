@@ -29,6 +29,7 @@ from jupyter_gpusched.core.models import (
     PriorityClass,
 )
 from jupyter_gpusched.store.engine import exposure
+from jupyter_gpusched.store.jobcache import JobCache
 from jupyter_gpusched.store.orm import JobRow
 from jupyter_gpusched.store.store import Store
 
@@ -764,3 +765,19 @@ def test_compaction_drops_only_the_commentary_of_jobs_ended_long_ago(
     for job_id in (recent, live):
         assert [e.kind for e in store.list_events(job_id=job_id)] == kinds[job_id]
     assert store.compact_events(clock.now() - timedelta(days=30)) == 0
+
+
+def test_ended_jobs_leave_the_live_cache_and_only_a_few_are_kept(store: Store) -> None:
+    """The server's memory must not grow with the history it pages through."""
+    store._cache = JobCache(size=100, ended_size=3)  # small, to see the bound
+    ids = [store.add_job(script()).id for _ in range(6)]
+    assert len(store.list_jobs(states=[S.QUEUED], limit=None)[0]) == 6
+    assert len(store._cache._jobs) == 6
+    for job_id in ids[:5]:
+        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+    assert len(store._cache._jobs) == 1  # only the live one
+    ended, _ = store.list_jobs(states=[S.CANCELLED], limit=None)
+    assert [j.id for j in ended] == ids[:5]
+    assert len(store._cache._ended) == 3 and len(store._cache._jobs) == 1
+    again, _ = store.list_jobs(states=[S.CANCELLED], limit=None)  # read from the store again
+    assert [j.state for j in again] == [S.CANCELLED] * 5

@@ -22,11 +22,18 @@ from .rows import job_from_row
 
 
 class JobCache:
-    """A bounded map of job id to (version, job); least recently read go first."""
+    """Bounded maps of job id to (version, job); least recently read go first.
 
-    def __init__(self, size: int = 20_000) -> None:
+    Live jobs (every pass reads them) up to ``size``; ended jobs in a small map of their own,
+    ``ended_size``: the pages of history people look at again (the panel's newest jobs, a
+    job page) without the server growing with the store.
+    """
+
+    def __init__(self, size: int = 20_000, ended_size: int = 2_000) -> None:
         self._size = size
+        self._ended_size = ended_size
         self._jobs: OrderedDict[int, tuple[int, Job, dict[str, Any]]] = OrderedDict()
+        self._ended: OrderedDict[int, tuple[int, Job, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()  # the API reads from worker threads too
 
     def get_many(
@@ -41,9 +48,12 @@ class JobCache:
         found: dict[int, Job] = {}
         missing: list[int] = []
         with self._lock:
-            jobs = self._jobs
+            live, ended = self._jobs, self._ended
             for job_id, version in keys:
-                known = jobs.get(job_id)
+                jobs = live
+                known = live.get(job_id)
+                if known is None:
+                    jobs, known = ended, ended.get(job_id)
                 if known is None or known[0] != version:
                     missing.append(job_id)
                     continue
@@ -56,21 +66,26 @@ class JobCache:
     def put(self, row: JobRow, *, shared: bool = False) -> Job:
         """The job of ``row``, kept for the next read (its spec re-used when unchanged).
 
-        Only live jobs are kept: an ended job is read again only by a page of history, and
-        keeping those would grow the server with the store (a year of a lab's jobs).
+        An ended job goes to the small map of ended jobs: keeping every one read would grow
+        the server with the store (a year of a lab's jobs).
         """
         with self._lock:
             known = self._jobs.get(row.id)
         spec: JobSpec | None = known[1].spec if known is not None and known[2] == row.spec else None
         job = job_from_row(row, spec)
         if job.state in TERMINAL_STATES:
-            self.drop(row.id)
-            return job
-        self.keep(job, row.version, row.spec)
+            with self._lock:
+                self._jobs.pop(row.id, None)
+                self._ended[row.id] = (row.version, job, row.spec)
+                self._ended.move_to_end(row.id)
+                while len(self._ended) > self._ended_size:
+                    self._ended.popitem(last=False)
+        else:
+            self.keep(job, row.version, row.spec)
         return job if shared else copy_job(job)
 
     def drop(self, job_id: int) -> None:
-        """Forget a job (it ended: the store keeps it, memory need not)."""
+        """Forget a live job (it ended: the next read keeps it with the ended ones, if any)."""
         with self._lock:
             self._jobs.pop(job_id, None)
 
