@@ -1,13 +1,17 @@
-"""Wall time of ``jupyter gpusched queue`` against ``squeue``, in the same run.
+"""Wall time of ``jupyter gpusched queue`` against ``squeue -r``, rounds alternating (issue 37).
 
-Starts ``jupyter server`` (only jupyter-gpusched, the default simulated cluster) with
-``--queued`` waiting jobs, then times ``jupyter-gpusched queue`` as a user runs it: a fresh
-process that finds the server through the runtime dir's ``jpserver-*.json`` files (no URL
-given) and prints the first 100 rows. When Slurm works on this machine, ``squeue`` on a
-loopback cluster holding as many held jobs is timed the same way; otherwise a line says why it
-was skipped. Medians of ``--n`` runs.
+Starts ``jupyter server`` (only jupyter-gpusched, the default simulated cluster) holding
+``--queued`` single waiting jobs (submitted as lists of at most 1,000 in ``POST jobs`` bodies,
+so each is a record of its own, not one array), and Debian's Slurm 22.05 on loopback holding as
+many held jobs (``squeue -r`` prints each). Then ``--rounds`` rounds; each times
+``jupyter-gpusched queue`` as a user runs it (a fresh process that finds the server through the
+runtime dir's ``jpserver-*.json`` files and prints the first 100 rows and the count of the
+rest) ``--n`` times and ``squeue -r`` ``--n`` times, which goes first alternating, and prints
+the round's medians beside the load average. Then the min/median/max of the rounds' medians.
+``--full`` also times the full traitlets application (``queue --QueueApp.limit=100`` takes
+it: the same page) in each round, the path every ``queue`` took before the quick one.
 
-Run: ``.venv/bin/python bench/cli.py [--n 15] [--queued 200]``
+Run: ``.venv/bin/python bench/cli.py [--rounds 5] [--n 10] [--queued 3000] [--full]``
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _server import FAR_FUTURE, TOKEN, start_server
@@ -41,65 +46,94 @@ def timed(argv: list[str], env: dict[str, str], n: int) -> list[float]:
     return out
 
 
-def squeue(n: int, queued: int) -> list[float] | None:
-    """``squeue`` wall times on a loopback Slurm cluster with ``queued`` held jobs, or None."""
-    from _fixtures_slurm import SlurmCluster, slurm_missing_reason
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
-    if reason := slurm_missing_reason():
-        print(f"squeue: skipped ({reason})")
-        return None
-    base = Path(tempfile.mkdtemp(prefix="gpusched-bench-squeue-"))
-    base.chmod(0o755)
-    cluster = SlurmCluster(base).start()
-    try:
-        subprocess.run(["sbatch", "--hold", f"--array=0-{queued - 1}", "--mem=10M",
-                        f"--output={base}/%j.out", "--wrap", "true"],
-                       env=cluster.env, check=True, capture_output=True)  # fmt: skip
-        return timed(["squeue", "-r"], cluster.env, n)
-    finally:
-        cluster.cancel_all()
-        cluster.stop()
+
+def fill(client: GpuSchedClient, queued: int) -> None:
+    """``queued`` single far-future jobs, in lists of at most 1,000 a request."""
+    spec = {"kind": "script", "command": ["true"], "not_before": FAR_FUTURE}
+    left = queued
+    while left:
+        batch = min(left, 1000)
+        client.submit_many([spec] * batch)
+        left -= batch
+    # Idle, as a user finds it: let the passes that note why each new job waits finish.
+    while True:
+        t0 = time.perf_counter()
+        client.list_jobs(limit=1)
+        if time.perf_counter() - t0 < 0.05:
+            break
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=15, help="runs of each (median)")
-    parser.add_argument("--queued", type=int, default=200, help="waiting jobs")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (>= 5)")
+    parser.add_argument("--n", type=int, default=10, help="runs of each command a round")
+    parser.add_argument("--queued", type=int, default=3000, help="waiting jobs in each")
+    parser.add_argument("--full", action="store_true", help="also time the full application")
     args = parser.parse_args(argv)
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"on {os.cpu_count()} CPUs")  # fmt: skip
-    peer = squeue(args.n, args.queued)
+    print(f"load average before: {load()} on {os.cpu_count()} CPUs")
 
+    from _fixtures_slurm import SlurmCluster, slurm_missing_reason
+
+    if reason := slurm_missing_reason():
+        print(f"squeue: cannot run here ({reason}); the figure needs the peer in the same run")
+        return 1
+    base = Path(tempfile.mkdtemp(prefix="gpusched-bench-squeue-"))
+    base.chmod(0o755)
+    cluster = SlurmCluster(base).start()
     root = Path(tempfile.mkdtemp(prefix="gpusched-bench-cli-"))
     proc, url, env = start_server(root)
     try:
+        subprocess.run(["sbatch", "--hold", f"--array=0-{args.queued - 1}", "--mem=10M",
+                        f"--output={base}/%j.out", "--wrap", "true"],
+                       env=cluster.env, check=True, capture_output=True)  # fmt: skip
+        lines = subprocess.run(["squeue", "-r"], env=cluster.env, check=True,
+                               capture_output=True, text=True).stdout.count("\n")  # fmt: skip
         client = GpuSchedClient(url, TOKEN)
-        spec = {"kind": "script", "command": ["true"], "not_before": FAR_FUTURE}
-        client.submit_array(args.queued, spec)
-        # Idle, as the figure says: let the passes that note why each new job waits finish.
-        while True:
-            t0 = time.perf_counter()
-            client.list_jobs(limit=1)
-            if time.perf_counter() - t0 < 0.05:
-                break
-            time.sleep(0.5)
+        fill(client, args.queued)
         env = {k: v for k, v in env.items() if not k.startswith("GPUSCHED_")}
-        ours = timed([str(BIN / "jupyter-gpusched"), "queue"], env, args.n)
-        bare = timed([sys.executable, "-c", "pass"], env, args.n)
+        ours_argv = [str(BIN / "jupyter-gpusched"), "queue"]
+        shown = subprocess.run(ours_argv, env=env, check=True, capture_output=True, text=True)
+        print(f"jobs queued: {client.list_jobs(limit=1).total} (gpusched), "
+              f"{lines - 1} lines of squeue -r; ours prints {shown.stdout.count(chr(10))} "
+              f"lines: {shown.stdout.splitlines()[-1]!r}")  # fmt: skip
+        runs: dict[str, Callable[[], list[float]]] = {
+            "ours": lambda: timed(ours_argv, env, args.n),
+            "squeue": lambda: timed(["squeue", "-r"], cluster.env, args.n),
+        }
+        if args.full:
+            full_argv = [*ours_argv, "--QueueApp.limit=100"]
+            runs["full app"] = lambda: timed(full_argv, env, args.n)
+        bare = statistics.median(timed([sys.executable, "-c", "pass"], env, args.n))
+        print(f"python -c pass: {bare * 1000:.1f} ms (median of {args.n})\n")
+        print(f"medians of {args.n} runs a round (ms):")
+        rounds: list[dict[str, float]] = []
+        for r in range(args.rounds):
+            order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+            before = load()
+            med = {name: statistics.median(runs[name]()) * 1000 for name in order}
+            rounds.append(med)
+            said = "  ".join(f"{name} {med[name]:6.1f}" for name in runs)
+            print(f"  round {r + 1} ({' then '.join(order)}): {said}  "
+                  f"ours/squeue {med['ours'] / med['squeue']:.2f}  "
+                  f"load {before} -> {load()}")  # fmt: skip
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+        cluster.cancel_all()
+        cluster.stop()
 
-    med = statistics.median(ours)
-    print(f"\nwall time, median of {args.n} ({args.queued} jobs queued):")
-    print(f"  jupyter-gpusched queue (server found from jpserver-*.json): {med * 1000:7.1f} ms")
-    print(f"  python -c pass (the interpreter's own start):              "
-          f"{statistics.median(bare) * 1000:7.1f} ms")  # fmt: skip
-    if peer:
-        sq = statistics.median(peer)
-        print(f"  squeue -r:                                                 {sq * 1000:7.1f} ms"
-              f"   (ours / squeue = {med / sq:.1f})")  # fmt: skip
+    print("\nover the rounds' medians: min / median / max (ms)")
+    for name in runs:
+        xs = [m[name] for m in rounds]
+        print(f"  {name:9} {min(xs):7.1f} / {statistics.median(xs):7.1f} / {max(xs):7.1f}")
+    ratio = [m["ours"] / m["squeue"] for m in rounds]
+    print(f"  ours / squeue, per round: {min(ratio):.2f} / {statistics.median(ratio):.2f} / "
+          f"{max(ratio):.2f} (goal <= 1.5)")  # fmt: skip
     return 0
 
 

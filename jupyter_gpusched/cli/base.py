@@ -23,7 +23,7 @@ from jupyter_core.application import JupyterApp, base_aliases, base_flags
 from traitlets import Bool, Container, Dict, Enum, Float, Int, List, TraitError, TraitType, Unicode
 from traitlets.config.loader import _DOT_REPLACEMENT, KVArgParseConfigLoader
 
-from jupyter_gpusched.client.options import OPTIONS, PARSE, options_of
+from jupyter_gpusched.client.options import OPTIONS, PARSE, SERVER_OPTIONS, options_of
 from jupyter_gpusched.core.cmdline import StrictLoader
 from jupyter_gpusched.core.errors import GpuSchedError
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
@@ -196,16 +196,12 @@ class GpuSchedCommand(JupyterApp):
     #: The word after ``jupyter gpusched``.
     command: ClassVar[str] = ""
 
-    url = Unicode(
-        help="Server URL with base_url; default: $GPUSCHED_URL, else the running server found "
-        "like 'jupyter server list'."
-    ).tag(config=True)
-    token = Unicode(help="Server token; default: $GPUSCHED_TOKEN, or discovered.").tag(config=True)
+    url = Unicode(help=SERVER_OPTIONS["--url"].help).tag(config=True)
+    token = Unicode(help=SERVER_OPTIONS["--token"].help).tag(config=True)
 
     aliases = {
         **base_aliases,
-        "url": "GpuSchedCommand.url",
-        "token": "GpuSchedCommand.token",
+        **{o.word: f"GpuSchedCommand.{o.name}" for o in SERVER_OPTIONS.values()},
     }
     flags = dict(base_flags)
 

@@ -14,7 +14,13 @@ from typing import Any, ClassVar
 
 from traitlets import Bool, Unicode
 
-from jupyter_gpusched.client.options import missing_script, request_fields
+from jupyter_gpusched.client.options import (
+    QUEUE_LIMIT,
+    QUEUE_OPTIONS,
+    QUEUE_STATES,
+    missing_script,
+    request_fields,
+)
 from jupyter_gpusched.core.api import MAX_ARRAY_TASKS, MAX_LIMIT
 
 from .base import (
@@ -185,30 +191,25 @@ class QueueApp(GpuSchedCommand):
     command = "queue"
     description = "Show the queue: queued and running jobs (--all for finished too)."
 
-    all = Bool(False, help="Include finished jobs.").tag(config=True)
-    state = Unicode(None, allow_none=True, help="Comma-separated states, e.g. queued,running.").tag(
-        config=True
-    )
-    user = Unicode(None, allow_none=True, help="Only this user's jobs ('me' for yours).").tag(
-        config=True
-    )
-    limit = Count(100, help="At most this many rows.").tag(config=True)
-    array = Count(None, allow_none=True, help="Only the jobs of this array (its id).").tag(
-        config=True
-    )
-    json = Bool(False, help="Print the API's JSON.").tag(config=True)
+    all = Bool(False, help=QUEUE_OPTIONS["--all"].help).tag(config=True)
+    state = Unicode(None, allow_none=True, help=QUEUE_OPTIONS["--state"].help).tag(config=True)
+    user = Unicode(None, allow_none=True, help=QUEUE_OPTIONS["--user"].help).tag(config=True)
+    limit = Count(QUEUE_LIMIT, help=QUEUE_OPTIONS["--limit"].help).tag(config=True)
+    array = Count(None, allow_none=True, help=QUEUE_OPTIONS["--array"].help).tag(config=True)
+    json = Bool(False, help=QUEUE_OPTIONS["--json"].help).tag(config=True)
 
+    # the quick path (cli/quick.py) reads the same table: a word is ours in both or in neither
     aliases = {
         **GpuSchedCommand.aliases,
-        "state": "QueueApp.state",
-        "user": "QueueApp.user",
-        "limit": "QueueApp.limit",
-        "array": "QueueApp.array",
+        **{o.word: f"QueueApp.{o.name}" for o in QUEUE_OPTIONS.values() if o.kind != "flag"},
     }
     flags = {
         **GpuSchedCommand.flags,
-        **_json_flag("QueueApp"),
-        "all": ({"QueueApp": {"all": True}}, "Include finished jobs."),
+        **{
+            o.word: ({"QueueApp": {o.name: True}}, o.help)
+            for o in QUEUE_OPTIONS.values()
+            if o.kind == "flag"
+        },
     }
 
     def check(self) -> None:  # noqa: D102
@@ -218,7 +219,7 @@ class QueueApp(GpuSchedCommand):
         """Print the table (or the API's JSON)."""
         from .formats import format_queue
 
-        state = self.state or (None if self.all else "queued,starting,running")
+        state = self.state or (None if self.all else QUEUE_STATES)
         page = self.client().list_jobs(
             state=state, user=self.user, array=self.array, limit=self.limit
         )

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from jupyter_gpusched.core.cmdline import OptionError, split_argv, unknown_option
+from jupyter_gpusched.core.optwords import OptionError, split_argv, unknown_option
 from jupyter_gpusched.core.units import parse_duration_s, parse_size_gb
 
 __all__ = ["OptionError", "split_argv", "unknown_option"]  # the grammar's rules, from core
@@ -235,6 +235,38 @@ OPTIONS: dict[str, Option] = {
         ),  # fmt: skip
         Option("--lease", "Lease name; one remote kernel per name (default: default).", "text"),
         Option("--timeout", "Give up waiting for the lease after this, e.g. 5m.", "duration"),
+    )
+}
+
+#: The options of ``queue`` (besides :data:`SERVER_OPTIONS`): ``QueueApp``'s traits and the
+#: quick ``queue`` (:mod:`jupyter_gpusched.cli.quick`) both read them here, so the two take the
+#: same words with the same meanings.
+QUEUE_OPTIONS: dict[str, Option] = {
+    o.flag: o
+    for o in (
+        Option("--all", "Include finished jobs.", "flag"),
+        Option("--state", "Comma-separated states, e.g. queued,running.", "text"),
+        Option("--user", "Only this user's jobs ('me' for yours).", "text"),
+        Option("--limit", "At most this many rows.", "count"),
+        Option("--array", "Only the jobs of this array (its id).", "count"),
+        Option("--json", "Print the API's JSON.", "flag"),
+    )
+}
+#: ``queue``'s rows when ``--limit`` is not given.
+QUEUE_LIMIT = 100
+#: ``queue``'s states when neither ``--state`` nor ``--all`` is given.
+QUEUE_STATES = "queued,starting,running"
+
+#: Where the server is, an option of every command (``GpuSchedCommand``).
+SERVER_OPTIONS: dict[str, Option] = {
+    o.flag: o
+    for o in (
+        Option(
+            "--url",
+            "Server URL with base_url; default: $GPUSCHED_URL, else the running server found "
+            "like 'jupyter server list'.",
+        ),
+        Option("--token", "Server token; default: $GPUSCHED_TOKEN, or discovered."),
     )
 }
 
