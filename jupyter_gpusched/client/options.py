@@ -16,7 +16,6 @@ script and its arguments (``submit``) or names the notebook (``submit-notebook``
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import re
@@ -338,6 +337,8 @@ def parse_parameter(text: str) -> tuple[str, Any]:
     name = name.strip()
     if not sep or not name.isidentifier():
         raise ValueError(f"{text!r} is not NAME=VALUE with a valid variable name")
+    import ast  # a notebook's parameters only: the quick ``queue`` reads this table too
+
     for parse in (json.loads, ast.literal_eval):
         try:
             return name, parse(raw)

@@ -12,7 +12,6 @@ import contextlib
 import glob
 import json
 import os
-import random
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -203,6 +202,8 @@ class RestClient:
             except transport.Unreachable as err:
                 if attempt == tries:
                     raise ServerNotFoundError(f"cannot reach {self.url}: {err}") from None
+                import random  # only when retrying: one GET pays nothing for it
+
                 time.sleep(wait_s * random.uniform(0.8, 1.2))
                 wait_s *= 2
                 continue
