@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -29,6 +30,7 @@ from jupyter_gpusched.core.models import (
     PriorityClass,
 )
 from jupyter_gpusched.store.engine import exposure
+from jupyter_gpusched.store.eventlog import EventCompaction
 from jupyter_gpusched.store.jobcache import JobCache
 from jupyter_gpusched.store.orm import JobRow
 from jupyter_gpusched.store.store import Store
@@ -781,3 +783,33 @@ def test_ended_jobs_leave_the_live_cache_and_only_a_few_are_kept(store: Store) -
     assert len(store._cache._ended) == 3 and len(store._cache._jobs) == 1
     again, _ = store.list_jobs(states=[S.CANCELLED], limit=None)  # read from the store again
     assert [j.state for j in again] == [S.CANCELLED] * 5
+
+
+def test_the_leaders_compaction_walks_back_through_history_a_week_per_run(
+    store: Store, clock: ManualClock
+) -> None:
+    def waited_and_ended() -> int:
+        job_id = store.add_job(script()).id
+        store.set_reasons({job_id: "waiting: no GPU free"})
+        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+        return job_id
+
+    start, ended = clock.now(), {}
+    for age_days in (60, 45, 33, 1):  # ended that many days before the first run
+        clock.set(start + timedelta(days=100 - age_days))
+        ended[age_days] = waited_and_ended()
+    clock.set(start + timedelta(days=100))
+
+    def waits() -> dict[int, bool]:
+        return {
+            age: "waiting" in [e.kind for e in store.list_events(job_id=job_id)]
+            for age, job_id in ended.items()
+        }
+
+    compaction = EventCompaction(store, timedelta(days=30), every_s=3600)
+    asyncio.run(compaction(clock.now()))  # the first run: the week before its cut
+    assert waits() == {60: True, 45: True, 33: False, 1: True}
+    for _ in range(4):  # a week further back each hour
+        clock.advance(3600)
+        asyncio.run(compaction(clock.now()))
+    assert waits() == {60: False, 45: False, 33: False, 1: True}

@@ -84,6 +84,12 @@ class EventLog:
             if len(ids) < batch:
                 return done
 
+    def ended_before(self, when: datetime) -> bool:
+        """Whether any job ended before ``when`` (one probe of the ``finished_at`` index)."""
+        query = select(JobRow.id).where(JobRow.finished_at < when).limit(1)
+        with self.read_session() as s:
+            return s.scalar(query) is not None
+
     def add_event(
         self, kind: str, *, job_id: int | None = None, detail: Mapping[str, Any] | None = None
     ) -> Event:
@@ -108,15 +114,21 @@ class EventCompaction:
     """The leader's upkeep of the event log: commentary of jobs ended ``keep`` ago goes.
 
     A tick hook of the scheduler (only the leader runs those), at most every ``every_s``;
-    times from its clock.
+    times from its clock. Each run compacts the jobs that ended since the last run's cut and
+    one more week of older history, walking back until no older job is left: a start never
+    walks the whole history at once.
     """
+
+    #: Older history compacted per run, after a start.
+    STEP = timedelta(days=7)
 
     def __init__(self, store: EventLog, keep: timedelta, *, every_s: float = 3600.0) -> None:
         self.store = store
         self.keep = keep
         self.every_s = every_s
         self._last: datetime | None = None
-        self._done_before: datetime | None = None  # compacted up to here (None: read all)
+        self._done_before: datetime | None = None  # compacted up to here since the start
+        self._back_to: datetime | None = None  # ... and back to here (None: nothing older)
 
     async def __call__(self, now: datetime) -> None:
         """Compact now if the last compaction was ``every_s`` ago (or never ran)."""
@@ -124,5 +136,11 @@ class EventCompaction:
             return
         self._last = now
         cut = now - self.keep
+        if self._done_before is None:
+            self._done_before = self._back_to = cut
         await off_the_loop(self.store.compact_events, cut, ended_after=self._done_before)
         self._done_before = cut
+        if self._back_to is not None:
+            older = self._back_to - self.STEP
+            await off_the_loop(self.store.compact_events, self._back_to, ended_after=older)
+            self._back_to = older if await off_the_loop(self.store.ended_before, older) else None
