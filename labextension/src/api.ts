@@ -115,11 +115,11 @@ export class GpuschedClient {
    */
   async jobsAndArrays(limit = 200): Promise<{ jobs: IJob[]; arrays: IArrayView[] }> {
     type Page = { jobs: IJob[]; arrays?: IArrayView[] };
-    const [live, newest] = await Promise.all([
-      this.json<Page>('jobs', {}, { state: 'queued,starting,running', limit }),
-      this.json<Page>('jobs', {}, { order: '-id', limit })
-    ]);
-    const byId = new Map([...live.jobs, ...newest.jobs].map(j => [j.id, j]));
+    // One after the other, the live page last: a job in both takes its later copy, so a
+    // kernel that started between the two answers is never shown waiting again.
+    const newest = await this.json<Page>('jobs', {}, { order: '-id', limit });
+    const live = await this.json<Page>('jobs', {}, { state: 'queued,starting,running', limit });
+    const byId = new Map([...newest.jobs, ...live.jobs].map(j => [j.id, j]));
     return {
       jobs: [...byId.values()].sort((a, b) => b.id - a.id),
       arrays: live.arrays ?? []
