@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jupyter_gpusched.cluster.base import Backend
@@ -37,6 +37,7 @@ from jupyter_gpusched.packing.inventory import (
     build_state,
     node_shape,
 )
+from jupyter_gpusched.store.availability import off_the_loop
 from jupyter_gpusched.store.leader import LeaderLease, NotLeaderError, fenced
 from jupyter_gpusched.store.store import Store
 from jupyter_gpusched.store.writer import StoreWriter, usable_for
@@ -51,7 +52,7 @@ from .increments import PassMemo, QueuePositions
 from .inventorying import Inventorying
 from .launching import Launcher
 from .limits import enforce_limits
-from .placing import Placing
+from .placing import FAIR_SHARE_DAYS, Placing
 from .shapes import Shapes
 from .submits import GroupCommit
 from .tracking import JobTracker, launched
@@ -273,6 +274,11 @@ class Scheduler(JobActions, ArrayWork, Placing, Inventorying):
             await asyncio.to_thread(self.store.trim_wal)  # readers can keep SQLite's WAL growing
 
     async def _run(self) -> None:
+        # The fortnight of usage fair share weighs, read off the loop once: the first pass
+        # then reads only what is new, and the API answers while this reads.
+        with contextlib.suppress(Exception):  # a store away: the first pass reads it then
+            since = self.clock.now() - timedelta(days=FAIR_SHARE_DAYS)
+            await off_the_loop(self.store.usage_stretches, since=since)
         while not self._stopping:
             began = self.clock.monotonic()
             try:
