@@ -274,13 +274,13 @@ class Scheduler(JobActions, ArrayWork, Placing, Inventorying):
             await asyncio.to_thread(self.store.trim_wal)  # readers can keep SQLite's WAL growing
 
     async def _run(self) -> None:
-        # The fortnight of usage fair share weighs and the count of all jobs, read off the
-        # loop once: the first pass and page then read only what is new, and the API answers
+        # The count of all jobs and the fortnight of usage fair share weighs, read off the
+        # loop once: the first page and pass then read only what is new, and the API answers
         # while this reads.
         with contextlib.suppress(Exception):  # a store away: the first pass reads it then
+            await off_the_loop(self.store.list_jobs, limit=0)
             since = self.clock.now() - timedelta(days=FAIR_SHARE_DAYS)
             await off_the_loop(self.store.usage_stretches, since=since)
-            await off_the_loop(self.store.list_jobs, limit=0)
         while not self._stopping:
             began = self.clock.monotonic()
             try:
