@@ -156,9 +156,8 @@ class JobActions:
         limits = mine.limits
         if limits.queued_jobs is None and (limits.leases is None or not leases):
             return
-        queued, live_leases = self.store.live_counts(mine.user)
-        if limits.queued_jobs is not None:  # an array's pending tasks count as queued jobs
-            queued += self.store.pending_tasks(mine.user)
+        queued, live_leases, tasks = self.store.live_counts(mine.user)
+        queued += tasks  # an array's pending tasks count as queued jobs
         pending_leases = self._submitting.get((mine.user, True), 0)
         queued += self._submitting.get((mine.user, False), 0) + pending_leases
         live_leases += pending_leases

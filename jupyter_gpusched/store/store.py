@@ -76,7 +76,7 @@ from .idempotency import IdempotencyKeys
 from .jobcache import JobCache
 from .leader import check_fence
 from .nodes import NodeLedger
-from .orm import EventRow, JobRow
+from .orm import EventRow, JobArrayRow, JobRow
 from .reasons import WaitingReasons
 from .rows import (
     IN_CHUNK,
@@ -329,20 +329,28 @@ class Store(
         newer = select(func.count()).select_from(JobRow).where(JobRow.id > base_id)
         return base + (s.scalar(newer) or 0)
 
-    def live_counts(self, user: str) -> tuple[int, int]:
-        """``user``'s queued jobs, and their leases queued, starting or running.
+    def live_counts(self, user: str) -> tuple[int, int, int]:
+        """``user``'s queued jobs, leases (queued, starting, running) and arrays' pending tasks.
 
-        One count over a range of the (user, state, kind) index: no row is read, and the cost
-        follows the user's live jobs (bounded by their limits), not the queue or the history.
+        The pending tasks count as queued jobs, as Slurm counts them. One statement (each
+        submit of the lab's service asks): a count over a range of the (user, state, kind)
+        index, no row read, the cost following the user's live jobs (bounded by their
+        limits), not the queue or the history; and a sum over their arrays.
         """
         live = [JobState.QUEUED.value, *(x.value for x in ACTIVE_STATES)]
+        pending = (
+            select(func.coalesce(func.sum(JobArrayRow.pending), 0))
+            .where(JobArrayRow.username == user, JobArrayRow.pending > 0)
+            .scalar_subquery()
+        )
         query = select(
             func.count().filter(JobRow.state == JobState.QUEUED.value),
             func.count().filter(JobRow.kind == JobKind.LEASE.value),
+            pending,
         ).where(JobRow.username == user, JobRow.state.in_(live))
         with self.read_session() as s:
-            queued, leases = s.connection().execute(query).one()
-        return int(queued), int(leases)
+            queued, leases, tasks = s.connection().execute(query).one()
+        return int(queued), int(leases), int(tasks)
 
     def _jobs_of(self, s: Session, keys: Sequence[Any], *, shared: bool = False) -> dict[int, Job]:
         """The jobs of these (id, version) pairs: from the cache, else read (and kept)."""
