@@ -746,18 +746,20 @@ def test_the_total_of_all_jobs_stays_exact_while_the_older_part_is_counted_once(
     assert store.list_jobs(states=[S.QUEUED], limit=1)[1] == 18
 
 
+def waited_and_ended(store: Store) -> int:
+    """A job that was given a waiting reason (a ``waiting`` event), then cancelled."""
+    job_id = store.add_job(script()).id
+    store.set_reasons({job_id: "waiting: no GPU free"})
+    store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
+    return job_id
+
+
 def test_compaction_drops_only_the_commentary_of_jobs_ended_long_ago(
     store: Store, clock: ManualClock
 ) -> None:
-    def waited_and_ended() -> int:
-        job_id = store.add_job(script()).id
-        store.set_reasons({job_id: "waiting: no GPU free"})
-        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
-        return job_id
-
-    old = waited_and_ended()
+    old = waited_and_ended(store)
     clock.advance(40 * 86400)
-    recent, live = waited_and_ended(), store.add_job(script()).id
+    recent, live = waited_and_ended(store), store.add_job(script()).id
     store.set_reasons({live: "waiting: no GPU free"})
     kinds = {j: [e.kind for e in store.list_events(job_id=j)] for j in (old, recent, live)}
     assert kinds[old] == kinds[recent] == ["submitted", "waiting", "state"]
@@ -788,16 +790,10 @@ def test_ended_jobs_leave_the_live_cache_and_only_a_few_are_kept(store: Store) -
 def test_the_leaders_compaction_walks_back_through_history_a_week_per_run(
     store: Store, clock: ManualClock
 ) -> None:
-    def waited_and_ended() -> int:
-        job_id = store.add_job(script()).id
-        store.set_reasons({job_id: "waiting: no GPU free"})
-        store.transition(job_id, S.CANCELLED, expect=S.QUEUED)
-        return job_id
-
     start, ended = clock.now(), {}
     for age_days in (60, 45, 33, 1):  # ended that many days before the first run
         clock.set(start + timedelta(days=100 - age_days))
-        ended[age_days] = waited_and_ended()
+        ended[age_days] = waited_and_ended(store)
     clock.set(start + timedelta(days=100))
 
     def waits() -> dict[int, bool]:
