@@ -809,3 +809,27 @@ def test_the_leaders_compaction_walks_back_through_history_a_week_per_run(
         clock.advance(3600)
         asyncio.run(compaction(clock.now()))
     assert waits() == {60: False, 45: False, 33: False, 1: True}
+
+
+def test_a_page_of_history_walks_its_order_and_never_sorts_the_year(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """``GET jobs?state=succeeded,failed&order=-finished_at``: the page, not a sort of all."""
+    store = Store(f"sqlite:///{tmp_path / 'plan.db'}", clock=clock)
+    store.migrate()
+    pages: list[tuple[str, Any]] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def _grab(conn: Any, cursor: Any, sql: str, params: Any, context: Any, many: bool) -> None:
+        if "ORDER BY" in sql and " jobs" in sql:
+            pages.append((sql, params))
+
+    for order in ("-finished_at", "-id", "submitted_at"):
+        store.list_jobs(states=[S.SUCCEEDED, S.FAILED], order=order, limit=100)
+    assert len(pages) == 3
+    with store.engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        for sql, params in pages:
+            plan = [row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, params)]
+            assert not any("TEMP B-TREE" in step for step in plan), (sql, plan)
+    store.close()
