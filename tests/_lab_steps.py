@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from _fixtures_lab import SIM_NODES, LabServer
-from _fixtures_polling import scaled_ms
+from _fixtures_polling import scaled_ms, wait_for
 
 
 def page_call(page: Any, server: LabServer, method: str, path: str, body: Any = None) -> Any:
@@ -68,10 +68,22 @@ def kernel_leases(server: LabServer, notebook: str) -> list[dict[str, Any]]:
 
 
 def block_every_gpu(server: LabServer) -> list[dict[str, Any]]:
-    """Sleeping jobs that take each node of the simulated lab whole (8, 8, 4 and 2 GPUs)."""
+    """Sleeping jobs that take each node of the simulated lab whole (8, 8, 4 and 2 GPUs).
+
+    Returns once all of them run: a GPU an earlier lease was still giving back would
+    otherwise go to the next lease, which would then never wait.
+    """
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
     spec = {"kind": "script", "command": sleep, "max_runtime_s": 600}
-    return [api_call(server, "POST", "jobs", {**spec, "gpus": n}) for n in SIM_NODES.values()]
+    jobs = [api_call(server, "POST", "jobs", {**spec, "gpus": n}) for n in SIM_NODES.values()]
+    for job in jobs:
+        wait_for(
+            lambda job=job: api_call(server, "GET", f"jobs/{job['id']}")["state"],
+            lambda state: state == "running",
+            timeout_s=60,
+            what=lambda state, job=job: f"blocker {job['id']} to run (now {state})",
+        )
+    return jobs
 
 
 def cancel_all(server: LabServer, jobs: list[dict[str, Any]]) -> None:

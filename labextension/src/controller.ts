@@ -68,13 +68,13 @@ export class GpuschedModel implements IDisposable {
 
   constructor(readonly client: GpuschedClient) {}
 
-  /** My user name as the scheduler records it, or null while unknown. */
   /**
    * Arrays with pending tasks, by id, as the last `GET jobs` listed them: a queued task of
    * one shows how many wait behind it (they are not jobs until they can start).
    */
   arrays: ReadonlyMap<number, IArrayView> = new Map();
 
+  /** My user name as the scheduler records it, or null while unknown. */
   me(): string | null {
     return this._me;
   }

@@ -59,6 +59,14 @@ export function withJobs(state: IPanelState, jobs: IJob[], since = -1): IPanelSt
   const next = new Map(
     jobs.map(j => [j.id, fresher(state.jobs.get(j.id), state.jobEventIds.get(j.id), j, since)])
   );
+  // A job an event told of after the request went out may be missing from the answer (made
+  // after the server read its page): it stays.
+  for (const [id, eventId] of state.jobEventIds) {
+    const shown = state.jobs.get(id);
+    if (eventId > since && shown && !next.has(id)) {
+      next.set(id, shown);
+    }
+  }
   return { ...state, jobs: next };
 }
 

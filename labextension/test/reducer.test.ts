@@ -216,6 +216,19 @@ describe('job snapshots from REST and events, in order', () => {
     expect(s.jobs.get(3)!.state).toBe('cancelled');
   });
 
+  it('keeps a job told by an event after the request when the answer lacks it', () => {
+    const lease = job(8, { state: 'queued' });
+    const s = applyEvent(withJobs(initialState(), [running]), {
+      id: 5,
+      kind: 'submitted',
+      job_id: 8,
+      to_state: 'queued',
+      job: lease
+    });
+    expect(withJobs(s, [running], 4).jobs.get(8)?.state).toBe('queued');
+    expect(withJobs(s, [running], 5).jobs.has(8)).toBe(false); // an answer after it: gone
+  });
+
   it('names the rows that hold GPUs the map lists for no one', () => {
     const held = gpu(0, { state: 'batch', jobs: [{ id: 3 } as never] });
     let s = withCluster(withJobs(initialState(), [running]), cluster([node('a100-1', [held])]));
